@@ -1,0 +1,66 @@
+"""sharedfs: one lock/cache policy for ML frameworks on cluster shared filesystems.
+
+This module is imported by the ``.pth`` autoloader in every Python process, so
+it defines names only; the public API below is imported on first attribute
+access (PEP 562), which keeps interpreter start-up at a fraction of a
+millisecond.
+
+Public API::
+
+    sharedfs.policy()                 # the resolved, immutable Policy
+    sharedfs.configure(**settings)    # explicit settings for this process (highest precedence)
+    sharedfs.lock(path)               # a lock that is correct for path's filesystem
+    sharedfs.makedirs(path)           # never FileExistsError on lagging filesystems
+    sharedfs.wait_for(path, timeout=None)
+    sharedfs.main_process_first()
+    sharedfs.node_local_dir(name)
+    sharedfs.disable() / sharedfs.enable()
+"""
+
+import os as _os
+
+from ._version import __version__
+
+# In a source checkout (editable install, or PYTHONPATH pointing at the repo) the
+# ``plugins/`` and ``shims/`` directories sit beside this package instead of inside
+# it; a wheel installs them as ``sharedfs/plugins`` and ``sharedfs/shims``.  Adding
+# the checkout root to ``__path__`` makes ``sharedfs.plugins`` resolve in both cases
+# at the cost of one stat() (hatchling cannot remap directories in editable mode).
+_here = _os.path.dirname(__file__)
+if not _os.path.isdir(_os.path.join(_here, "plugins")):  # pragma: no branch
+    __path__.append(_os.path.dirname(_here))  # noqa: F821 - __path__ exists in a package
+
+_LAZY = {
+    "ConfigError": "errors",
+    "LockTimeout": "errors",
+    "SharedFSError": "errors",
+    "UnsafeDirectoryError": "errors",
+    "WaitTimeout": "errors",
+    "policy": "runtime",
+    "configure": "runtime",
+    "disable": "runtime",
+    "enable": "runtime",
+    "Policy": "policy",
+    "lock": "locks",
+    "makedirs": "dirs",
+    "wait_for": "dirs",
+    "node_local_dir": "dirs",
+    "main_process_first": "dist",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> object:  # PEP 562: import the API on first use
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sharedfs' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,143 @@
+"""Autoload, run by ``sharedfs.pth`` (and PEP 829 ``sharedfs.start``) in every interpreter.
+
+Every Python process on a cluster pays for this module (each rank, each
+DataLoader worker, each subprocess), so it is stdlib-only and imports nothing
+that ``site`` has not already imported.  It installs one ``sys.meta_path``
+finder that notices when a target framework has *finished* executing and only
+then hands over to :mod:`sharedfs.runtime` (pluggy, metadata, policy, shims).
+The shape follows virtualenv's ``_virtualenv.py`` finder.
+"""
+
+import os
+import sys
+
+from .envvars import DISABLE, TRUE_VALUES
+
+#: Built-in shim name -> the module whose import triggers it.  A static table, as
+#: in ddtrace's ``_monkey.py``, so that nothing has to be imported to know it.
+#: A shim lands here together with its module in shims/.
+TARGETS = {
+    "datasets": "datasets",
+}
+
+_finder = None
+
+
+def disabled_entirely(environ=os.environ):
+    """True when ``SHAREDFS_DISABLE`` asks for nothing at all to be installed."""
+    return environ.get(DISABLE, "").strip().lower() in TRUE_VALUES
+
+
+def install():
+    """The ``.pth`` entry point: install the finder unless disabled.  Never raises."""
+    try:
+        install_finder()
+    except Exception as exc:  # noqa: BLE001 - an autoloader that raises breaks every interpreter
+        sys.stderr.write(
+            "sharedfs: autoload failed and is off for this process: %r\n"
+            "sharedfs: please report it with the output of `sharedfs status`;"
+            " SHAREDFS_DISABLE=1 silences this\n" % (exc,)
+        )
+
+
+def install_finder(respect_disable=True):
+    """Install the finder and patch targets imported before us; errors propagate."""
+    global _finder
+    if _finder is not None or (respect_disable and disabled_entirely()):
+        return
+    _finder = _TargetFinder(TARGETS.values())
+    sys.meta_path.insert(0, _finder)
+    # A target imported before us (another .pth, or sharedfs.enable() at run time)
+    # is patched now rather than never.
+    for module_name in list(_finder.targets):
+        if module_name in sys.modules:
+            _activate(module_name)
+
+
+def uninstall():
+    """Remove the finder (used by :func:`sharedfs.disable`)."""
+    global _finder
+    if _finder is not None:
+        try:
+            sys.meta_path.remove(_finder)
+        except ValueError:
+            pass
+        _finder = None
+
+
+def installed():
+    """True when the finder is active in this interpreter."""
+    return _finder is not None and _finder in sys.meta_path
+
+
+def add_targets(module_names):
+    """Watch more modules (targets declared by third-party shims, known only after entry points load)."""
+    if _finder is not None:
+        _finder.targets.update(module_names)
+
+
+def _activate(module_name):
+    # Imported here, not at the top: this is where pluggy, importlib.metadata and
+    # the policy get loaded, and only once a target framework is really in use.
+    from .runtime import activate
+
+    activate(module_name)
+
+
+class _TargetFinder:
+    """A meta-path finder that wraps a target's loader so sharedfs runs right after it."""
+
+    def __init__(self, targets):
+        self.targets = set(targets)
+        # Names whose real spec we are looking up right now: find_spec below asks the
+        # other finders, and must not answer itself while doing so.
+        self._busy = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.targets or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = None
+            # Ask the finders after us directly instead of importlib.util.find_spec:
+            # importlib.util is not loaded at start-up and would cost every process.
+            for finder in sys.meta_path:
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        _hook_exec_module(spec.loader, fullname)
+        return spec
+
+
+def _hook_exec_module(loader, fullname):
+    original = getattr(loader, "exec_module", None)
+    if original is None:
+        return
+    had_own = "exec_module" in getattr(loader, "__dict__", {})
+
+    def exec_module(module):
+        try:
+            original(module)
+        finally:
+            # Put the loader back as it was: loaders can be shared (zip, editable
+            # finders) and must not call us again for an unrelated module.
+            if had_own:
+                loader.exec_module = original
+            else:
+                try:
+                    del loader.exec_module
+                except AttributeError:
+                    pass
+        _activate(fullname)  # only after the framework executed without error
+
+    try:
+        loader.exec_module = exec_module
+    except (AttributeError, TypeError):
+        pass  # a loader with __slots__: the framework imports unpatched, as without us

@@ -1,0 +1,240 @@
+"""``sharedfs`` command line: ``status``, ``doctor``, ``env`` (each with ``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import sysconfig
+from typing import Any, Sequence
+
+from . import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sharedfs", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"sharedfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_status = sub.add_parser("status", help="version, autoload, shims, plugins and the policy with its sources")
+    p_status.add_argument("--json", action="store_true", help="machine-readable output")
+    p_status.set_defaults(func=cmd_status)
+
+    p_doctor = sub.add_parser("doctor", help="probe paths: filesystem, locks, and what sharedfs will do there")
+    p_doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    p_doctor.set_defaults(func=cmd_doctor)
+
+    p_env = sub.add_parser("env", help="print the environment a batch script should export for this policy")
+    p_env.add_argument("--shell", choices=("bash", "fish"), default="bash")
+    p_env.add_argument("--json", action="store_true", help="machine-readable output")
+    p_env.set_defaults(func=cmd_env)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def status_report() -> dict[str, Any]:
+    """Everything ``sharedfs status`` shows, as data."""
+    from . import _bootstrap, runtime
+    from .errors import ConfigError
+
+    report: dict[str, Any] = {
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "autoload": {
+            "pth_file": _find_pth(),
+            "active_in_this_interpreter": _bootstrap.installed(),
+            "disabled_by_environment": _bootstrap.disabled_entirely(),
+        },
+        "config_error": None,
+    }
+    try:
+        current = runtime.policy()
+    except ConfigError as exc:
+        report["config_error"] = str(exc)
+        current = None
+    report["policy"] = current.as_dict() if current else None
+    shims = []
+    for name, state in sorted(runtime.shim_states().items()):
+        shim = state.shim
+        version = runtime.installed_version(shim)
+        supported = None
+        if version is not None:
+            from packaging.specifiers import SpecifierSet
+
+            supported = SpecifierSet(shim.supported, prereleases=True).contains(version)
+        shims.append({
+            "name": name,
+            "target": shim.target,
+            "distribution": shim.distribution,
+            "installed": version,
+            "supported_versions": shim.supported,
+            "supported": supported,
+            "enabled": bool(current) and not current.shim_disabled(name),
+            "applied": shim.applied,
+            "patches": shim.patcher.changes(),
+            "error": state.error,
+        })
+    blocked = sorted(runtime.registry().blocked)
+    report["shims"] = shims
+    report["blocked"] = blocked
+    report["plugins"] = runtime.registry().plugin_names()
+    report["external_plugins"] = [vars(p) for p in runtime.registry().external]
+    return report
+
+
+def _find_pth() -> str | None:
+    for key in ("purelib", "platlib"):
+        candidate = os.path.join(sysconfig.get_paths()[key], "sharedfs.pth")
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    report = status_report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 1 if report["config_error"] else 0
+    auto = report["autoload"]
+    print(f"sharedfs {report['version']} (Python {report['python']})")
+    if auto["disabled_by_environment"]:
+        state = "disabled by SHAREDFS_DISABLE"
+    elif auto["active_in_this_interpreter"]:
+        state = "active"
+    else:
+        state = "not active in this interpreter (python -S, or not installed)"
+    print(f"autoload: {auto['pth_file'] or 'no sharedfs.pth in site-packages'}; {state}")
+    if report["config_error"]:
+        print(f"\nCONFIG ERROR: {report['config_error']}")
+    print("\nshims:")
+    for shim in report["shims"]:
+        if shim["installed"] is None:
+            line = "not installed"
+        else:
+            fit = "supported" if shim["supported"] else f"UNSUPPORTED (needs {shim['supported_versions']})"
+            line = f"{shim['distribution']} {shim['installed']} {fit}"
+        flags = "enabled" if shim["enabled"] else "disabled"
+        if shim["applied"]:
+            flags += ", applied: " + ", ".join(shim["patches"])
+        if shim["error"]:
+            flags += f", ERROR: {shim['error']}"
+        print(f"  {shim['name']:<16} {line}; {flags}")
+    if report["external_plugins"]:
+        print("\nthird-party plugins:")
+        for plugin in report["external_plugins"]:
+            state = f"FAILED: {plugin['error']}" if plugin["error"] else "loaded"
+            print(f"  {plugin['name']:<16} {plugin['distribution']} {plugin['version']} ({plugin['value']}): {state}")
+    if report["policy"]:
+        print("\npolicy:")
+        for name, item in report["policy"].items():
+            print(f"  {name:<14} {item['value']!s:<24} ({item['source']})")
+    return 1 if report["config_error"] else 0
+
+
+# -- doctor -------------------------------------------------------------------------------------
+
+
+def doctor_report(path: str) -> dict[str, Any]:
+    from . import runtime
+    from .probe import probe
+
+    path = os.path.abspath(path)
+    fs = runtime.describe_filesystem(path)
+    current = runtime.policy()
+    choice = runtime.choose_lock(os.path.join(path, ".sharedfs-doctor.lock"), current)
+    probes = probe(path)
+    warnings = list(fs.notes) if fs.kind == "unknown" or fs.flock != "coherent" else []
+    if fs.shared and fs.flock == "node-local":
+        warnings.append("flock here excludes only processes on the same node: tools that trust it "
+                        "(filelock, datasets, wids) can corrupt data; sharedfs uses "
+                        f"a {choice.kind} lock instead")
+    return {
+        "path": path,
+        "filesystem": fs.as_dict(),
+        "probes": probes,
+        "lock": {"kind": choice.kind, "reason": choice.reason},
+        "cache": {"mode": current.cache, "source": current.source("cache")},
+        "warnings": warnings,
+    }
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    reports = []
+    for path in args.paths:
+        if not os.path.exists(path):
+            print(f"sharedfs doctor: {path}: no such file or directory", file=sys.stderr)
+            return 2
+        reports.append(doctor_report(path))
+    if args.json:
+        print(json.dumps({"version": __version__, "paths": reports}, indent=2))
+        return 0
+    for report in reports:
+        fs = report["filesystem"]
+        mount = fs["mount"]
+        print(f"{report['path']}")
+        print(f"  filesystem : {fs['kind']} ({mount['fstype']} at {mount['mount_point']}, "
+              f"{'shared between nodes' if fs['shared'] else 'node-local'})")
+        print(f"  options    : {mount.get('raw_options') or '-'}")
+        print(f"  flock      : {fs['flock']}{' (' + fs['flock_errno'] + ')' if fs.get('flock_errno') else ''}; "
+              f"POSIX locks: {fs['posix']}; O_EXCL atomic: {'yes' if fs['o_excl_atomic'] else 'no'}")
+        probes = report["probes"]
+        results = probes.get("results", probes) if isinstance(probes, dict) else {}
+        for name, result in results.items():
+            if isinstance(result, dict) and "ok" in result:
+                mark = "ok  " if result["ok"] else "FAIL"
+                print(f"  probe {name:<14} {mark} {result.get('detail', '')}")
+        print(f"  lock       : {report['lock']['kind']} ({report['lock']['reason']})")
+        print(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
+        for warning in report["warnings"]:
+            print(f"  warning    : {warning}")
+        print()
+    return 0
+
+
+# -- env ----------------------------------------------------------------------------------------
+
+
+def env_exports() -> dict[str, str]:
+    """The variables a batch script should export so that a process without autoload gets our layout."""
+    from . import runtime
+    from .settings import SETTINGS
+
+    current = runtime.policy()
+    exports: dict[str, str] = {}
+    for setting in SETTINGS:
+        value = getattr(current, setting.name)
+        if current.source(setting.name) != "default" and value not in (None, ()):
+            exports[setting.env] = ",".join(value) if isinstance(value, tuple) else str(value).lower() \
+                if isinstance(value, bool) else str(value)
+    for framework, variable in (("datasets", "HF_DATASETS_CACHE"), ("webdataset", "WDS_CACHE"), ("wids", "WIDS_CACHE")):
+        if variable in os.environ:
+            continue  # the user's own choice wins
+        placed = runtime.registry().cache_placement(framework, current)
+        if placed:
+            exports[variable] = placed
+    return exports
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    exports = env_exports()
+    if args.json:
+        print(json.dumps(exports, indent=2))
+        return 0
+    import shlex
+
+    for key, value in exports.items():
+        if args.shell == "fish":
+            print(f"set -gx {key} {shlex.quote(value)};")
+        else:
+            print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

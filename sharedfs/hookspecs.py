@@ -1,0 +1,158 @@
+"""The whole contract between sharedfs and its plugins, in one module.
+
+Data flows one way: environment and settings -> plugins -> one immutable
+:class:`~sharedfs.policy.Policy` -> shims.  *Plugins* (``sharedfs.plugins.*``
+and third-party distributions exposing a ``sharedfs`` entry point) implement
+the deciding hooks below; *shims* (``sharedfs.shims.*``) implement
+:func:`sharedfs_register_shims` and apply the decisions inside one framework.
+A plugin never patches anything; a shim never decides.
+
+Every hook is optional.  Hooks marked *firstresult* stop at the first
+implementation that returns something other than ``None``; implement them with
+``@hookimpl(tryfirst=True)`` to take precedence over the built-in plugins.
+
+Third-party plugins register through the ``sharedfs`` entry-point group::
+
+    [project.entry-points.sharedfs]
+    mysite = "mysite_sharedfs"
+
+The group is scanned once, lazily, on the first import of a target framework.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .fsinfo import FsInfo, Mount
+    from .identity import ProcessIdentity
+    from .locks import HolderRecord
+    from .policy import Layer, LockChoice, Policy
+    from .shim import Shim
+
+#: One name for the hook prefix, the pluggy project and the entry-point group.
+NAME = "sharedfs"
+
+hookspec = pluggy.HookspecMarker(NAME)
+hookimpl = pluggy.HookimplMarker(NAME)
+
+__all__ = [
+    "NAME",
+    "hookimpl",
+    "hookspec",
+    "sharedfs_settings_layers",
+    "sharedfs_process_identity",
+    "sharedfs_classify_filesystem",
+    "sharedfs_choose_lock",
+    "sharedfs_cache_placement",
+    "sharedfs_holder_alive",
+    "sharedfs_register_shims",
+]
+
+
+@hookspec
+def sharedfs_settings_layers(environ: Mapping[str, str]) -> Sequence[Layer]:
+    """Contribute layers of raw setting values.
+
+    Called once per policy resolution (at the first target import, on
+    ``sharedfs status`` and whenever :func:`sharedfs.policy` is asked with
+    explicit arguments).  Layers are merged by ascending ``Layer.priority``;
+    the built-in ``settings`` plugin contributes the TOML file (priority 100)
+    and the ``SHAREDFS_*`` environment (priority 200); explicit arguments
+    always win (priority 1000).  Values are raw (strings from the environment,
+    native TOML values); the kernel validates them and raises
+    :class:`sharedfs.ConfigError` naming ``Layer.origin`` and the key.
+
+    :param environ: the environment to read (normally ``os.environ``).
+    :return: zero or more :class:`~sharedfs.policy.Layer` objects.
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | None:
+    """Say who this process is: rank, local rank, world size, node.
+
+    *firstresult*.  Built-in order: an initialised ``torch.distributed``
+    (plugin ``distributed``), torchrun's variables, Slurm's ``SLURM_*``
+    variables (plugin ``slurm``); when none answers the process is a single
+    rank on its own node.  Called lazily and cached per process (the torch
+    answer is re-asked until the process group exists).
+
+    :param environ: the environment to read.
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_classify_filesystem(mount: Mount) -> FsInfo | None:
+    """Classify the filesystem of ``mount`` and say what it can do.
+
+    *firstresult*.  The built-in ``filesystem`` plugin knows Lustre, GPFS, NFS,
+    BeeGFS, CephFS, CIFS, FUSE, overlay, tmpfs and local block filesystems;
+    a site plugin with ``tryfirst=True`` can teach it more.  The answer is
+    cached per mount.  An unknown filesystem must be reported as shared with no
+    trustworthy lock.
+
+    :param mount: the mount (from ``/proc/self/mountinfo`` and ``statfs``).
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_choose_lock(path: str, fs: FsInfo, policy: Policy) -> LockChoice | None:
+    """Choose the lock kind used for ``path``.
+
+    *firstresult*.  The built-in ``locking`` plugin honours an explicit
+    ``policy.lock`` and, under ``auto``, picks the cheapest kind that is
+    correct on ``fs``.  A lock that excludes only within one node must never
+    be chosen for a path other nodes share.
+
+    :param path: absolute path of the lock file.
+    :param fs: the classification of the filesystem holding ``path``.
+    :param policy: the policy in force.
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_cache_placement(framework: str, policy: Policy) -> str | None:
+    """Name the cache directory ``framework`` should use, or ``None`` to keep its own.
+
+    *firstresult*.  Called by shims (``datasets``, ``webdataset``, ``wids``)
+    when they apply the policy.  The built-in ``cache`` plugin returns a
+    node-local, job-scoped directory under ``policy.cache == "node-local"``
+    and ``None`` (leave the framework's default) under ``shared``.
+
+    :param framework: the shim name asking, e.g. ``"datasets"``.
+    :param policy: the policy in force.
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_holder_alive(record: HolderRecord, policy: Policy) -> bool | None:
+    """Say whether the process that holds a lock is still alive.
+
+    *firstresult*.  Return ``True`` (alive: keep waiting), ``False`` (dead:
+    the lock may be broken) or ``None`` (cannot tell).  The built-in
+    ``liveness`` plugin answers for holders on this node (pid and process
+    start time); the ``slurm`` plugin asks the scheduler about holders whose
+    record names a Slurm job.
+
+    :param record: what the holder wrote into the lock file.
+    :param policy: the policy in force.
+    """
+
+
+@hookspec
+def sharedfs_register_shims() -> Sequence[Shim]:
+    """Return the shims this plugin provides.
+
+    Each shim names its target module, the distribution and versions it
+    supports, and implements ``patch``/``unpatch`` (see :class:`sharedfs.shim.Shim`).
+    A shim is applied right after its target module has executed.  Block a
+    shim by its name with ``SHAREDFS_DISABLE=name``.
+    """
+
+
+def collect_hook_names() -> list[str]:
+    """Names of every hook in this contract (used by ``sharedfs status``)."""
+    return [name for name in __all__ if name.startswith("sharedfs_")]

@@ -1,0 +1,354 @@
+"""``sharedfs.lock(path)``: a lock that is correct for the filesystem ``path`` lives on.
+
+Plugins choose the kind per path (``sharedfs_choose_lock``); this module only
+carries the choice out, on top of filelock:
+
+==========  ==========================================  ==========================
+kind        exclusion by                                 correct across nodes when
+==========  ==========================================  ==========================
+``flock``   ``filelock.UnixFileLock`` (BSD flock)       flock is cluster-coherent
+``posix``   ``fcntl`` byte-range lock (filelock has     POSIX locks are coherent
+            none; GPFS needs it: granite.build#322)     (GPFS, NFS with lockd)
+``soft``    ``filelock.SoftFileLock`` (O_EXCL marker)   O_EXCL create is atomic
+``lease``   ``filelock.SoftFileLease`` (heartbeat)      always, but a lease trades
+                                                        exclusion for progress
+==========  ==========================================  ==========================
+
+What sharedfs adds to filelock: a *holder record* beside the lock file
+(``<lock>.holder``: node from ``SHAREDFS_NODE_ID``, pid, process start time,
+Slurm job and step), so that a waiter can ask the ``sharedfs_holder_alive``
+hook whether a holder on another node is gone (filelock only trusts a dead pid
+on its own host), and a timeout error that names the holder and how to clear it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import filelock
+
+from .errors import LockTimeout
+from .policy import LockChoice, Policy
+
+HOLDER_SUFFIX = ".holder"
+#: Polling starts fast (an uncontended handover is quick) and backs off to this, with jitter
+#: so that many ranks released by the same event do not hit the metadata server in step.
+MAX_POLL = 0.25
+MIN_POLL = 0.002
+#: Existence locks outlive a killed holder, so only they carry a holder record.
+RECORDED_KINDS = ("soft", "lease")
+#: A waiter says who it waits for after REPORT_AFTER seconds, then every REPORT_EVERY.
+REPORT_AFTER = 30.0
+REPORT_EVERY = 120.0
+
+log = logging.getLogger("sharedfs")
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """Who holds a lock: written beside the lock file when it is acquired."""
+
+    node: str
+    pid: int
+    start_time: str | None  # /proc/<pid>/stat field 22 + boot id: tells a reused pid apart
+    host: str
+    acquired_at: float
+    kind: str
+    slurm_job: str | None = None
+    slurm_step: str | None = None
+    marker: tuple[int, int] | None = None  # (st_ino, st_ctime_ns) of the marker file when acquired
+
+    def describe(self, now: float | None = None) -> str:
+        age = (now or time.time()) - self.acquired_at
+        job = f", Slurm job {self.slurm_job}" + (f".{self.slurm_step}" if self.slurm_step else "") if self.slurm_job else ""
+        return f"pid {self.pid} on node {self.node}{job}, held for {age:.0f} s"
+
+    @classmethod
+    def read(cls, lock_file: str) -> HolderRecord | None:
+        try:
+            with open(lock_file + HOLDER_SUFFIX, encoding="utf-8") as fh:
+                data = json.load(fh)
+            data["marker"] = tuple(data["marker"]) if data.get("marker") else None
+            return cls(**data)
+        except (OSError, ValueError, TypeError, KeyError):
+            return None  # absent, half-replaced or foreign: no claim about the holder
+
+
+def process_start_time(pid: int) -> str | None:
+    """A token that differs between two processes that had the same pid (Linux only)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            # The command name may contain spaces and parentheses: split after the last ')'.
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        return f"{boot}:{fields[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+class _PosixLock:
+    """An exclusive ``fcntl`` (POSIX byte-range) lock on the whole file.
+
+    POSIX locks belong to the *process*: a second fd in the same process "gets"
+    the lock too, and closing any fd of the file drops it.  A process-wide
+    threading lock per path restores exclusion between threads of one process.
+    """
+
+    _in_process: dict[str, threading.Lock] = {}
+    _table_lock = threading.Lock()
+
+    def __init__(self, lock_file: str, mode: int) -> None:
+        self.lock_file = lock_file
+        self.mode = mode
+        self._fd: int | None = None
+        with self._table_lock:
+            self._thread_lock = self._in_process.setdefault(os.path.realpath(lock_file), threading.Lock())
+
+    def try_acquire(self) -> bool:
+        import fcntl
+
+        if not self._thread_lock.acquire(blocking=False):
+            return False
+        try:
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), self.mode)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            self._thread_lock.release()
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+            self._thread_lock.release()
+
+
+class _FileLockAdapter:
+    """One non-blocking attempt at a filelock lock, so the waiting loop is ours."""
+
+    def __init__(self, inner: filelock.BaseFileLock) -> None:
+        self.inner = inner
+
+    def try_acquire(self) -> bool:
+        try:
+            self.inner.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        return True
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+def _backend(kind: str, lock_file: str, policy: Policy, mode: int) -> Any:
+    if kind == "posix":
+        return _PosixLock(lock_file, mode)
+    if kind == "flock":
+        return _FileLockAdapter(filelock.UnixFileLock(lock_file, mode=mode))
+    if kind == "soft":
+        return _FileLockAdapter(filelock.SoftFileLock(lock_file, mode=mode))
+    if kind == "lease":
+        return _FileLockAdapter(filelock.SoftFileLease(lock_file, lease_duration=policy.lease_seconds, mode=mode))
+    raise ValueError(f"unknown lock kind {kind!r}")
+
+
+class SharedLock:
+    """A re-entrant (per object) lock for one path.  Use as a context manager.
+
+    ``timeout=None`` waits up to ``policy.wait_timeout``; a negative timeout waits
+    forever; ``0`` tries once.  On timeout :class:`sharedfs.LockTimeout` names the
+    holder and says how to clear a lock whose holder is gone.
+    """
+
+    def __init__(self, lock_file: str, choice: LockChoice, policy: Policy, *,
+                 timeout: float | None = None, mode: int = 0o644) -> None:
+        self.lock_file = os.path.abspath(os.fspath(lock_file))
+        self.choice = choice
+        self.policy = policy
+        self.timeout = policy.wait_timeout if timeout is None else timeout
+        self._backend = _backend(choice.kind, self.lock_file, policy, mode)
+        self._count = 0
+        self._record: HolderRecord | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.choice.kind
+
+    @property
+    def is_locked(self) -> bool:
+        return self._count > 0
+
+    def acquire(self, timeout: float | None = None) -> SharedLock:
+        if self._count:
+            self._count += 1
+            return self
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        delay = MIN_POLL
+        started = time.monotonic()
+        next_report = started + REPORT_AFTER
+        while True:
+            if self._backend.try_acquire():
+                break
+            self._maybe_break_stale()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise LockTimeout(self._timeout_message(timeout))
+            if now >= next_report:  # a silent hang at 3 a.m. is the worst failure: say who we wait for
+                log.warning("still waiting for %s after %.0f s: %s", self.lock_file, now - started,
+                            self._holder_text())
+                next_report = now + REPORT_EVERY
+            pause = min(delay * random.uniform(0.5, 1.5), MAX_POLL)
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 2, MAX_POLL)
+        self._count = 1
+        if self.kind in RECORDED_KINDS:
+            try:
+                self._record = self._write_record()
+            except OSError:
+                self._record = None  # the record is advisory; the lock itself is held
+        return self
+
+    def release(self, force: bool = False) -> None:
+        if not self._count:
+            return
+        self._count = 0 if force else self._count - 1
+        if self._count:
+            return
+        if self._record is not None:
+            # Before the lock is released nobody else can have written a record, so no
+            # read-back: an expired lease holder deleting a successor's record only makes
+            # that successor unbreakable, which is the safe direction.
+            _unlink_quietly(self.lock_file + HOLDER_SUFFIX)
+            self._record = None
+        self._backend.release()
+
+    def __enter__(self) -> SharedLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<sharedfs.SharedLock {self.lock_file} kind={self.kind} locked={self.is_locked}>"
+
+    # -- holder records ----------------------------------------------------------------------
+
+    def _write_record(self) -> HolderRecord:
+        import socket
+
+        st = os.stat(self.lock_file)
+        record = HolderRecord(
+            node=self.policy.node_id, pid=os.getpid(), start_time=process_start_time(os.getpid()),
+            host=socket.gethostname(), acquired_at=time.time(), kind=self.kind,
+            slurm_job=os.environ.get("SLURM_JOB_ID"), slurm_step=os.environ.get("SLURM_STEP_ID"), marker=(st.st_ino, st.st_ctime_ns),
+        )
+        # One create-and-write, no temp + rename: this runs on every acquire, and a reader
+        # that catches it half-written gets None ("no claim"), which never breaks a lock.
+        fd = os.open(self.lock_file + HOLDER_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, json.dumps(asdict(record)).encode())
+        finally:
+            os.close(fd)
+        return record
+
+    def _maybe_break_stale(self) -> None:
+        """Break an existence lock whose holder a plugin proves dead (filelock only knows its own host)."""
+        if self.kind != "soft":
+            return  # native locks die with their holder; a lease expires by itself
+        record = HolderRecord.read(self.lock_file)
+        if record is None or record.marker is None:
+            return
+        from .runtime import registry
+
+        if registry().holder_alive(record, self.policy) is not False:
+            return
+        # Breakers take turns, and each re-checks that the marker is still the dead holder's
+        # (same inode and change time): a successor's fresh marker must never be unlinked.
+        breaker = filelock.SoftFileLock(self.lock_file + ".break")
+        try:
+            breaker.acquire(timeout=0)
+        except filelock.Timeout:
+            return
+        try:
+            if HolderRecord.read(self.lock_file) != record:
+                return
+            st = os.stat(self.lock_file)
+            if (st.st_ino, st.st_ctime_ns) != record.marker:
+                return
+            _unlink_quietly(self.lock_file)
+            _unlink_quietly(self.lock_file + HOLDER_SUFFIX)
+            from .log import decision
+
+            decision(f"broke the lock {self.lock_file}: its holder ({record.describe()}) is gone")
+        except OSError:
+            return
+        finally:
+            breaker.release()
+
+    def _holder_text(self) -> str:
+        if self.kind not in RECORDED_KINDS:
+            return f"held by a live process (find it with `fuser -v {self.lock_file}` on each node)"
+        record = HolderRecord.read(self.lock_file)
+        return f"held by {record.describe()}" if record else "held by a holder that left no record"
+
+    def _timeout_message(self, timeout: float) -> str:
+        record = HolderRecord.read(self.lock_file)
+        holder = record.describe() if record else "a holder that left no record"
+        clear = f"rm -f {self.lock_file} {self.lock_file}{HOLDER_SUFFIX}"
+        if self.kind in RECORDED_KINDS:
+            hint = f"If that process is gone (a killed or finished job), clear the lock with: {clear}"
+        else:
+            holder = "a live process (the kernel drops the flock/POSIX locks of dead ones)"
+            hint = f"Find it with `fuser -v {self.lock_file}` on each node."
+        return (
+            f"could not acquire the {self.kind} lock {self.lock_file} within {timeout:g} s; "
+            f"it is held by {holder}. {hint} Raise SHAREDFS_WAIT_TIMEOUT to wait longer. "
+            f"(Lock kind: {self.choice.reason})"
+        )
+
+
+def lock(path: str | os.PathLike[str], timeout: float | None = None, *, kind: str | None = None,
+         mode: int = 0o644) -> SharedLock:
+    """A lock for ``path`` (the lock file itself) that is correct on its filesystem.
+
+    ``kind`` overrides the policy for this one lock (``flock``, ``posix``, ``soft``, ``lease``).
+    """
+    from . import runtime
+
+    lock_file = os.path.abspath(os.fspath(path))
+    current = runtime.policy(lock=kind) if kind else runtime.policy()
+    return SharedLock(lock_file, runtime.choose_lock(lock_file, current), current, timeout=timeout, mode=mode)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

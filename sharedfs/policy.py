@@ -1,0 +1,113 @@
+"""The one immutable policy every shim applies, and how it is resolved from layers.
+
+Precedence: defaults < TOML file (``SHAREDFS_CONFIG``) < environment
+(``SHAREDFS_*``) < explicit arguments (:func:`sharedfs.configure`, hook
+kwargs).  Plugins contribute the layers; :func:`resolve` merges and validates
+them and remembers where each value came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from .errors import ConfigError
+from .settings import BY_NAME, SETTINGS, default_node_id
+
+#: Priority of explicit arguments; plugin layers must stay below it.
+EXPLICIT_PRIORITY = 1000
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Raw values from one source, e.g. the environment or a TOML file.
+
+    ``origins`` names, per key, where the value was read (``SHAREDFS_LOCK``,
+    ``/etc/sharedfs.toml: lock``); errors and ``sharedfs status`` quote it.
+    """
+
+    name: str
+    priority: int
+    values: Mapping[str, Any]
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, f"{self.name}: {key}")
+
+
+@dataclass(frozen=True)
+class LockChoice:
+    """What ``sharedfs_choose_lock`` decided for one path, and why (one plain sentence)."""
+
+    kind: str  # "flock", "posix", "soft" or "lease"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The resolved settings.  Field names are the settings' names (and TOML keys)."""
+
+    lock: str
+    cache: str
+    cache_root: str | None
+    wait_timeout: float
+    lease_seconds: float
+    max_workers: int | str
+    log: str
+    strict: bool
+    node_id: str
+    disable: tuple[str, ...]
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def source(self, name: str) -> str:
+        """Where ``name``'s value came from: ``default``, a variable, a file key, or ``explicit``."""
+        return self.sources.get(name, "default")
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"value": ..., "source": ...}}``, JSON-serialisable (``sharedfs status --json``)."""
+        return {
+            f.name: {"value": _jsonable(getattr(self, f.name)), "source": self.source(f.name)}
+            for f in fields(self)
+            if f.name != "sources"
+        }
+
+    def shim_disabled(self, name: str) -> bool:
+        return "all" in self.disable or name in self.disable
+
+
+def resolve(layers: Iterable[Layer]) -> Policy:
+    """Merge ``layers`` (lowest priority first) over the defaults and validate every value."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        values[setting.name] = setting.default
+        sources[setting.name] = "default"
+    for layer in sorted(layers, key=lambda layer: layer.priority):
+        for key, raw in layer.values.items():
+            setting = BY_NAME.get(key)
+            if setting is None:
+                raise ConfigError(layer.origin(key), raw, "a known setting: " + ", ".join(BY_NAME))
+            try:
+                values[key] = setting.parse(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(layer.origin(key), raw, setting.expected) from None
+            sources[key] = layer.origin(key)
+    if values["node_id"] is None:
+        values["node_id"] = default_node_id()
+        sources["node_id"] = "default (host name)"
+    return Policy(**values, sources=MappingProxyType(sources))
+
+
+def explicit_layer(settings: Mapping[str, Any]) -> Layer:
+    """The layer for explicit arguments (``sharedfs.configure``, ``SharedFSHook(**kwargs)``)."""
+    return Layer(
+        name="explicit",
+        priority=EXPLICIT_PRIORITY,
+        values=dict(settings),
+        origins={key: f"argument {key}" for key in settings},
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -1,0 +1,118 @@
+"""The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit).
+
+It registers the built-in plugins from a static tuple, the built-in shims from
+the bootstrap's static table, then third-party plugins from the ``sharedfs``
+entry-point group (scanned once, each in isolation so one broken plugin is
+reported, not fatal), and exposes one typed method per hook so nothing else
+touches ``pm.hook`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import pluggy
+
+from . import hookspecs
+from ._bootstrap import TARGETS
+from .hookspecs import NAME
+from .identity import ProcessIdentity
+from .policy import Layer, LockChoice, Policy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fsinfo import FsInfo, Mount
+    from .locks import HolderRecord
+    from .shim import Shim
+
+log = logging.getLogger(NAME)
+
+#: Built-in deciding plugins, in registration order (later registration runs first in pluggy).
+BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "liveness", "slurm", "distributed")
+
+
+@dataclass(frozen=True)
+class ExternalPlugin:
+    """A third-party plugin found through the ``sharedfs`` entry-point group."""
+
+    name: str
+    value: str
+    distribution: str
+    version: str
+    error: str | None = None  # set when it failed to load; the plugin is then off
+
+
+class Registry:
+    """Everything registered with sharedfs, and the only caller of its hooks."""
+
+    def __init__(self, *, blocked: Iterable[str] = (), entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.blocked = frozenset(blocked)
+        for name in self.blocked:
+            self.pm.set_blocked(name)
+        for name in BUILTIN_PLUGINS:
+            self.pm.register(import_module(f"sharedfs.plugins.{name}"), name=name)
+        for name in TARGETS:
+            if name not in self.blocked:
+                self.pm.register(import_module(f"sharedfs.shims.{name}"), name=name)
+        self.external: list[ExternalPlugin] = self._load_entry_points() if entry_points else []
+        self.pm.check_pending()  # a misspelt hook name in any plugin fails loudly here
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load_entry_points(self) -> list[ExternalPlugin]:
+        from importlib.metadata import entry_points
+
+        found = []
+        eps = entry_points()
+        group = eps.select(group=NAME) if hasattr(eps, "select") else eps.get(NAME, [])  # Python 3.9
+        for ep in group:
+            dist = getattr(ep, "dist", None)
+            meta = (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")
+            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name):
+                continue
+            try:
+                self.pm.register(ep.load(), name=ep.name)
+            except Exception as exc:  # noqa: BLE001 - one broken plugin must not break the user's import
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("plugin %r from %s %s failed to load and is off: %s",
+                            ep.name, meta[0], meta[1], error)
+                found.append(ExternalPlugin(ep.name, ep.value, meta[0], meta[1], error))
+            else:
+                found.append(ExternalPlugin(ep.name, ep.value, meta[0], meta[1]))
+        return found
+
+    # -- the hooks, one typed method each ---------------------------------------------------
+
+    def settings_layers(self, environ: Mapping[str, str]) -> list[Layer]:
+        return [layer for layers in self.pm.hook.sharedfs_settings_layers(environ=environ) for layer in layers]
+
+    def process_identity(self, environ: Mapping[str, str]) -> ProcessIdentity | None:
+        return self.pm.hook.sharedfs_process_identity(environ=environ)
+
+    def classify_filesystem(self, mount: Mount) -> FsInfo:
+        info = self.pm.hook.sharedfs_classify_filesystem(mount=mount)
+        if info is None:  # the built-in plugin always answers; a blocked one must not crash us
+            raise LookupError(f"no plugin classified {mount.fstype} at {mount.mount_point}")
+        return info
+
+    def choose_lock(self, path: str, fs: FsInfo, policy: Policy) -> LockChoice:
+        choice = self.pm.hook.sharedfs_choose_lock(path=path, fs=fs, policy=policy)
+        if choice is None:
+            raise LookupError(f"no plugin chose a lock for {path}")
+        return choice
+
+    def cache_placement(self, framework: str, policy: Policy) -> str | None:
+        return self.pm.hook.sharedfs_cache_placement(framework=framework, policy=policy)
+
+    def holder_alive(self, record: HolderRecord, policy: Policy) -> bool | None:
+        return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy)
+
+    def shims(self) -> list[Shim]:
+        return [shim for shims in self.pm.hook.sharedfs_register_shims() for shim in shims]
+
+    def plugin_names(self) -> list[str]:
+        return sorted(name for name, plugin in self.pm.list_name_plugin() if plugin is not None)

@@ -1,0 +1,972 @@
+"""hostilefs: a FUSE passthrough filesystem that misbehaves like cluster filesystems.
+
+It mirrors a backing directory onto a mount point and, depending on the
+profile, breaks the things that break on Lustre, GPFS and NFS:
+
+=================  ==========================================================
+profile            behaviour
+=================  ==========================================================
+``plain``          honest passthrough; the kernel does local file locking
+``lustre-noflock`` ``flock`` and POSIX (``fcntl``/``lockf``) locks fail with
+                   ENOSYS (Lustre mounted without ``-o flock``)
+``nfs-nolock``     the same locks fail with ENOLCK (NFS without lockd)
+``localflock``     locks succeed but exclude only processes of the same
+                   simulated node (GPFS, Lustre ``localflock``, NFS
+                   ``local_lock``)
+``lagging``        an entry created by one node stays invisible to the other
+                   nodes for ``--lag-ms`` (lookup/open answer ENOENT, readdir
+                   omits it) while mkdir / O_EXCL create of it answer EEXIST:
+                   the NFS stale-cache state in which
+                   ``os.makedirs(p, exist_ok=True)`` raises FileExistsError
+=================  ==========================================================
+
+Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``.
+``--latency-ms N`` adds N ms to every metadata operation in any profile.
+
+A process's simulated node is the ``SHAREDFS_NODE_ID`` in its environment
+(``default`` when unset).  The server reads it from ``/proc/<pid>/environ`` of
+the caller of each operation, so every process started with a node environment
+(see :mod:`sharedfs.testing.nodes`) behaves as if it ran on that node.
+
+Files seeded directly in the *backing* directory are visible to every node at
+once; files created through the mount are subject to ``lagging``.
+
+Run the server by hand::
+
+    python -m sharedfs.testing.hostilefs --profile localflock BACKING MOUNTPOINT
+
+or, in tests, use :func:`mount` (or the ``hostile_mount`` pytest fixture),
+which starts it in a subprocess and guarantees the mount goes away again.
+
+This module is stdlib-only at import time; ``mfusepy`` (and libfuse) are only
+imported by the server process.  Linux x86_64/aarch64 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+__all__ = [
+    "FSTYPE",
+    "LOCK_PROFILES",
+    "PROFILES",
+    "FuseUnavailable",
+    "HostileMount",
+    "HostileMountError",
+    "Profile",
+    "fuse_available",
+    "is_mounted",
+    "mount",
+    "parse_profile",
+]
+
+NODE_ENV = "SHAREDFS_NODE_ID"
+DEFAULT_NODE = "default"
+#: ``/proc/self/mountinfo`` fstype of a hostilefs mount (``subtype=hostilefs``).
+FSTYPE = "fuse.hostilefs"
+
+#: Profiles deciding what file locks do; at most one per mount.
+LOCK_PROFILES = ("plain", "lustre-noflock", "nfs-nolock", "localflock")
+#: Every base profile name; combine with ``+``.
+PROFILES = LOCK_PROFILES + ("lagging",)
+_LOCK_ERRNO = {"lustre-noflock": errno.ENOSYS, "nfs-nolock": errno.ENOLCK}
+
+_PathLike = Union[str, "os.PathLike[str]"]
+
+
+# --------------------------------------------------------------------------
+# profiles
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A parsed profile string: one lock behaviour plus the optional lag."""
+
+    name: str
+    locks: str  # one of LOCK_PROFILES
+    lagging: bool
+
+
+def parse_profile(name: str) -> Profile:
+    """Parse ``"localflock"``, ``"lagging+nfs-nolock"``... Raises ValueError."""
+    locks, lagging = "plain", False
+    parts = [p.strip() for p in name.split("+") if p.strip()]
+    if not parts:
+        raise ValueError("empty hostilefs profile")
+    for part in parts:
+        if part == "lagging":
+            lagging = True
+        elif part in LOCK_PROFILES:
+            if part != "plain" and locks not in ("plain", part):
+                raise ValueError(f"profile {name!r} combines two lock behaviours ({locks}, {part})")
+            if part != "plain":
+                locks = part
+        else:
+            raise ValueError(f"unknown hostilefs profile {part!r}; known: {', '.join(PROFILES)}")
+    return Profile(name=name, locks=locks, lagging=lagging)
+
+
+# --------------------------------------------------------------------------
+# the filesystem (runs in the server process)
+# --------------------------------------------------------------------------
+
+
+def node_of_pid(pid: int) -> str:
+    """The simulated node of process/thread ``pid``: its SHAREDFS_NODE_ID at exec time.
+
+    Deliberately not cached: pids are recycled (pid_max is often 32768) and a
+    forked child touches the mount with its parent's environment before it
+    execs into its own, so any per-pid cache would hand out stale nodes.
+    Reading a small /proc file costs tens of microseconds, well below one
+    FUSE round trip.
+    """
+    if pid <= 0:  # requests the kernel makes on nobody's behalf
+        return DEFAULT_NODE
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:  # the process is gone, or /proc hides it
+        return DEFAULT_NODE
+    key = NODE_ENV.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(key):
+            return entry[len(key):].decode("utf-8", "replace") or DEFAULT_NODE
+    return DEFAULT_NODE
+
+
+class _Visibility:
+    """Which simulated nodes may see freshly created entries (``lagging``).
+
+    An entry is hidden from a node during ``lag_s`` after its creation unless
+    that node created it (or created/opened it by name since).  Only entries
+    made through the mount are tracked, so the table stays tiny: it is pruned
+    whenever something new is recorded.
+    """
+
+    def __init__(self, lag_s: float) -> None:
+        self.lag_s = lag_s
+        self._mu = threading.Lock()
+        self._fresh: dict[str, tuple[float, set[str]]] = {}  # path -> (created, nodes that see it)
+
+    def active(self) -> bool:
+        """Cheap check so the common case needs no /proc read."""
+        return bool(self._fresh)
+
+    def hidden(self, path: str, node: str) -> bool:
+        with self._mu:
+            entry = self._fresh.get(path)
+            if entry is None:
+                return False
+            created, seen_by = entry
+            return node not in seen_by and time.monotonic() - created < self.lag_s
+
+    def created(self, path: str, node: str) -> None:
+        now = time.monotonic()
+        with self._mu:
+            for p in [p for p, (t, _) in self._fresh.items() if now - t >= self.lag_s]:
+                del self._fresh[p]
+            self._fresh[path] = (now, {node})
+
+    def learned(self, path: str, node: str) -> None:
+        """``node`` just created/opened ``path`` by name, so its cache knows it."""
+        with self._mu:
+            entry = self._fresh.get(path)
+            if entry is not None:
+                entry[1].add(node)
+
+    def removed(self, path: str) -> None:
+        with self._mu:
+            self._drop_tree(path)
+
+    def renamed(self, old: str, new: str, node: str) -> None:
+        """The target is new to every other node; moved children keep their age."""
+        now = time.monotonic()
+        with self._mu:
+            self._drop_tree(new)
+            for p in [p for p in self._fresh if p.startswith(old + "/")]:
+                self._fresh[new + p[len(old):]] = self._fresh.pop(p)
+            self._fresh.pop(old, None)
+            self._fresh[new] = (now, {node})
+
+    def _drop_tree(self, path: str) -> None:
+        for p in [p for p in self._fresh if p == path or p.startswith(path + "/")]:
+            del self._fresh[p]
+
+
+class _Shadow:
+    """An fd on a per-node shadow lock file; localflock takes the real lock on it.
+
+    Closing an fd that another worker thread may still pass to a lock call
+    would let the number be reused for an unrelated file, so closing is
+    deferred until no call is using it (``busy``).
+    """
+
+    __slots__ = ("fd", "busy", "doomed")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.busy = 0
+        self.doomed = False
+
+
+class _Handle:
+    """One FUSE open file: the backing fd plus its localflock mirror."""
+
+    __slots__ = ("fd", "flock")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.flock: Optional[_Shadow] = None
+
+
+# struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start,
+# off_t l_len, pid_t l_pid (+ padding to 32 bytes).
+_FLOCK = struct.Struct("@hhqqi4x")
+_UTIME_NOW = (1 << 30) - 1
+_UTIME_OMIT = (1 << 30) - 2
+# Metadata answers come from us on every call (no kernel caching), so that
+# nodes cannot see each other's entries through the shared dentry cache.
+_MOUNT_OPTIONS = dict(entry_timeout=0, attr_timeout=0, negative_timeout=0)
+
+
+def _stat_dict(st: os.stat_result) -> dict[str, int]:
+    return {
+        "st_mode": st.st_mode,
+        "st_ino": st.st_ino,
+        "st_nlink": st.st_nlink,
+        "st_uid": st.st_uid,
+        "st_gid": st.st_gid,
+        "st_size": st.st_size,
+        "st_rdev": st.st_rdev,
+        "st_blocks": st.st_blocks,
+        "st_blksize": st.st_blksize,
+        "st_atime": st.st_atime_ns,
+        "st_mtime": st.st_mtime_ns,
+        "st_ctime": st.st_ctime_ns,
+    }
+
+
+def _enoent() -> OSError:
+    return OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+
+
+class HostileOps:
+    """mfusepy operations (used with ``raw_fi=True``) for one hostilefs mount.
+
+    Not an ``mfusepy.Operations`` subclass on purpose: mfusepy only looks up
+    the methods it finds, and this keeps the module importable without
+    mfusepy/libfuse.  Missing methods (``lock``/``flock`` set to None) are
+    left out of the libfuse table, so the kernel handles them itself.
+    """
+
+    use_ns = True  # mfusepy: timestamps as integer nanoseconds
+    flag_utime_omit_ok = 1  # libfuse2: utimens understands UTIME_NOW/UTIME_OMIT
+
+    def __init__(
+        self,
+        backing: _PathLike,
+        profile: Profile,
+        *,
+        lag_ms: float = 2000,
+        latency_ms: float = 0,
+        shadow_dir: _PathLike,
+        context: Any = None,
+    ) -> None:
+        self.root = os.path.realpath(backing)
+        self.profile = profile
+        self.latency_s = latency_ms / 1000.0
+        self.vis = _Visibility(lag_ms / 1000.0) if profile.lagging else None
+        self.shadow_dir = str(shadow_dir)
+        self._context = context or (lambda: (0, 0, 0))  # mfusepy.fuse_get_context
+        self._mu = threading.Lock()
+        self._handles: dict[int, _Handle] = {}
+        self._next_handle = 1
+        self._posix: dict[tuple[str, int], _Shadow] = {}  # (inode key, lock owner)
+        self._i_am_root = os.geteuid() == 0
+        if profile.locks == "plain":
+            # No handlers at all: libfuse then does not ask for remote locking
+            # and the kernel locks locally, across every process of the host.
+            self.flock = None
+            self.lock = None
+        elif profile.locks in _LOCK_ERRNO:
+            self.flock = self._refuse_lock
+            self.lock = self._refuse_lock
+
+    # ---- helpers -------------------------------------------------------
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def _caller_node(self) -> str:
+        return node_of_pid(self._context()[2])
+
+    def _meta(self) -> None:
+        """Every metadata operation pays the configured latency."""
+        if self.latency_s:
+            time.sleep(self.latency_s)
+
+    def _check_visible(self, path: str) -> None:
+        if self.vis is not None and self.vis.active() and self.vis.hidden(path, self._caller_node()):
+            raise _enoent()
+
+    def _created(self, path: str, real: str) -> None:
+        uid, gid, pid = self._context()
+        if self.vis is not None:
+            self.vis.created(path, node_of_pid(pid))
+        if self._i_am_root and uid:
+            # The server runs as root: hand new entries to the caller, like a
+            # real filesystem would, so non-root tests see their own files.
+            try:
+                os.lchown(real, uid, gid)
+            except OSError:
+                pass
+
+    def _new_handle(self, fd: int) -> int:
+        with self._mu:
+            fh = self._next_handle
+            self._next_handle += 1
+            self._handles[fh] = _Handle(fd)
+        return fh
+
+    def _handle(self, fi: Any) -> _Handle:
+        # Handles are never reused, so a request racing a release gets EBADF
+        # instead of reaching a newer file that happens to share an fd number.
+        h = self._handles.get(fi.fh)
+        if h is None:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return h
+
+    # ---- namespace and attributes --------------------------------------
+
+    def getattr(self, path: Optional[str], fi: Any = None) -> dict[str, int]:
+        self._meta()
+        if fi is not None:
+            return _stat_dict(os.fstat(self._handle(fi).fd))
+        self._check_visible(path)
+        return _stat_dict(os.lstat(self._real(path)))
+
+    def access(self, path: str, amode: int) -> int:
+        self._meta()
+        self._check_visible(path)
+        if not os.access(self._real(path), amode):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        return 0
+
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        self._meta()
+        self._check_visible(path)
+        node = self._caller_node() if self.vis is not None and self.vis.active() else None
+        entries: list[Any] = [".", ".."]
+        with os.scandir(self._real(path)) as it:
+            for entry in it:
+                # libfuse2 parks open-but-unlinked files as .fuse_hidden*; an
+                # artifact of this test filesystem, not of the emulated one.
+                if entry.name.startswith(".fuse_hidden"):
+                    continue
+                child = path.rstrip("/") + "/" + entry.name
+                if node is not None and self.vis.hidden(child, node):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                entries.append((entry.name, {"st_mode": st.st_mode, "st_ino": st.st_ino}, 0))
+        return entries
+
+    def readlink(self, path: str) -> str:
+        self._meta()
+        self._check_visible(path)
+        return os.readlink(self._real(path))
+
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        self._meta()
+        real = self._real(path)
+        os.mknod(real, mode, dev)
+        self._created(path, real)
+        return 0
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._meta()
+        real = self._real(path)
+        os.mkdir(real, mode)  # EEXIST even when the name is hidden from the caller
+        self._created(path, real)
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy's naming: create ``target`` pointing at ``source``.
+        self._meta()
+        real = self._real(target)
+        os.symlink(source, real)
+        self._created(target, real)
+        return 0
+
+    def link(self, target: str, source: str) -> int:
+        self._meta()
+        real = self._real(target)
+        os.link(self._real(source), real)
+        self._created(target, real)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._meta()
+        os.unlink(self._real(path))
+        if self.vis is not None:
+            self.vis.removed(path)
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._meta()
+        os.rmdir(self._real(path))
+        if self.vis is not None:
+            self.vis.removed(path)
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._meta()
+        os.rename(self._real(old), self._real(new))
+        if self.vis is not None:
+            self.vis.renamed(old, new, self._caller_node())
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        self._meta()
+        os.chmod(self._real(path), mode)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._meta()
+        os.lchown(self._real(path), uid, gid)
+        return 0
+
+    def truncate(self, path: Optional[str], length: int, fi: Any = None) -> int:
+        self._meta()
+        if fi is not None:
+            os.ftruncate(self._handle(fi).fd, length)
+        else:
+            os.truncate(self._real(path), length)
+        return 0
+
+    def utimens(self, path: str, times: Optional[tuple[int, int]] = None) -> int:
+        self._meta()
+        real = self._real(path)
+        if times is None:
+            os.utime(real, follow_symlinks=False)
+            return 0
+        atime, mtime = times
+        if _UTIME_OMIT in (atime, mtime) or _UTIME_NOW in (atime, mtime):
+            st, now = os.lstat(real), time.time_ns()
+            atime = now if atime == _UTIME_NOW else st.st_atime_ns if atime == _UTIME_OMIT else atime
+            mtime = now if mtime == _UTIME_NOW else st.st_mtime_ns if mtime == _UTIME_OMIT else mtime
+        os.utime(real, ns=(atime, mtime), follow_symlinks=False)
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        self._meta()
+        sv = os.statvfs(self._real(path))
+        keys = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
+                "f_favail", "f_flag", "f_namemax")
+        return {k: getattr(sv, k) for k in keys}
+
+    # ---- files ---------------------------------------------------------
+
+    def open(self, path: str, fi: Any) -> int:
+        self._meta()
+        self._check_visible(path)
+        fd = os.open(self._real(path), fi.flags | os.O_CLOEXEC)
+        fi.fh = self._new_handle(fd)
+        return 0
+
+    def create(self, path: str, mode: int, fi: Any) -> int:
+        self._meta()
+        real = self._real(path)
+        existed = os.path.lexists(real)
+        # fi.flags carries the caller's O_EXCL: a hidden-but-existing name
+        # answers EEXIST here, just as on a stale NFS client.
+        fd = os.open(real, fi.flags | os.O_CREAT | os.O_CLOEXEC, mode)
+        if not existed:
+            self._created(path, real)
+        elif self.vis is not None:
+            self.vis.learned(path, self._caller_node())
+        fi.fh = self._new_handle(fd)
+        return 0
+
+    def read(self, path: Optional[str], size: int, offset: int, fi: Any) -> bytes:
+        return os.pread(self._handle(fi).fd, size, offset)
+
+    def write(self, path: Optional[str], data: bytes, offset: int, fi: Any) -> int:
+        return os.pwrite(self._handle(fi).fd, data, offset)
+
+    def flush(self, path: Optional[str], fi: Any) -> int:
+        return 0
+
+    def fsync(self, path: Optional[str], datasync: int, fi: Any) -> int:
+        fd = self._handle(fi).fd
+        os.fdatasync(fd) if datasync else os.fsync(fd)
+        return 0
+
+    def release(self, path: Optional[str], fi: Any) -> int:
+        with self._mu:
+            h = self._handles.pop(fi.fh, None)
+        if h is None:
+            return 0
+        if h.flock is not None:  # closing the file drops its flock, as on any fs
+            self._discard(h.flock)
+        os.close(h.fd)
+        return 0
+
+    # ---- locks ---------------------------------------------------------
+    #
+    # The kernel sends flock(2) as FUSE_SETLK[W] with the FLOCK flag, which
+    # libfuse hands to ``flock(path, fi, op)``; the owner is the open file
+    # description, i.e. our handle.  POSIX locks arrive as ``lock(path, fi,
+    # cmd, struct flock *)`` with ``fi.lock_owner`` identifying the process;
+    # on every close() libfuse also calls ``lock(F_SETLK, F_UNLCK whole
+    # file)`` for that owner, and on the last close of a flock'ed file it
+    # calls ``flock(LOCK_UN)`` before ``release``.
+
+    def _refuse_lock(self, *args: Any) -> int:
+        code = _LOCK_ERRNO[self.profile.locks]
+        raise OSError(code, os.strerror(code))
+
+    def _shadow(self, node: str, fd: int) -> _Shadow:
+        """Open this node's shadow lock file for the inode behind ``fd``.
+
+        Keyed by inode, not path, so renames and hard links keep one lock.
+        Each node has its own shadow directory, hence no exclusion across
+        nodes, while different handles of one node lock the same file.
+        """
+        st = os.fstat(fd)
+        node_dir = os.path.join(self.shadow_dir, node.encode().hex() or "00")
+        os.makedirs(node_dir, exist_ok=True)
+        name = os.path.join(node_dir, f"{st.st_dev}-{st.st_ino}")
+        return _Shadow(os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+    @contextmanager
+    def _using(self, shadow: _Shadow) -> Iterator[int]:
+        with self._mu:
+            shadow.busy += 1
+        try:
+            yield shadow.fd
+        finally:
+            with self._mu:
+                shadow.busy -= 1
+                close = shadow.doomed and shadow.busy == 0
+            if close:
+                os.close(shadow.fd)
+
+    def _discard(self, shadow: _Shadow) -> None:
+        """Close ``shadow`` (dropping its locks) once no lock call uses it."""
+        with self._mu:
+            shadow.doomed = True
+            close = shadow.busy == 0
+        if close:
+            os.close(shadow.fd)
+
+    def flock(self, path: Optional[str], fi: Any, op: int) -> int:  # localflock
+        h = self._handle(fi)
+        if h.flock is None:
+            if op & fcntl.LOCK_UN:
+                return 0
+            shadow = self._shadow(self._caller_node(), h.fd)
+            with self._mu:
+                if h.flock is None:
+                    h.flock, shadow = shadow, None
+            if shadow is not None:  # another thread won the race
+                os.close(shadow.fd)
+        with self._using(h.flock) as fd:
+            # A blocking request blocks this worker thread, exactly where the
+            # caller waits; libfuse starts more workers for everyone else.
+            fcntl.flock(fd, op)
+        return 0
+
+    def lock(self, path: Optional[str], fi: Any, cmd: int, lockp: Any) -> int:  # localflock
+        lk = lockp.contents
+        h = self._handle(fi)
+        st = os.fstat(h.fd)
+        key = (f"{st.st_dev}-{st.st_ino}", fi.lock_owner)
+        with self._mu:
+            shadow = self._posix.get(key)
+        if lk.l_type == fcntl.F_UNLCK and cmd != fcntl.F_GETLK:
+            if shadow is None:
+                return 0
+            if lk.l_start == 0 and lk.l_len == 0:  # whole file, e.g. on close()
+                with self._mu:
+                    self._posix.pop(key, None)
+                self._discard(shadow)
+                return 0
+        elif shadow is None:
+            new = self._shadow(self._caller_node(), h.fd)
+            with self._mu:
+                shadow = self._posix.setdefault(key, new)
+            if shadow is not new:
+                os.close(new.fd)
+        # OFD locks on the shadow fd: owned by that fd, not by this server
+        # process, so the mirrors of two callers really conflict.
+        ofd = {fcntl.F_GETLK: fcntl.F_OFD_GETLK, fcntl.F_SETLK: fcntl.F_OFD_SETLK,
+               fcntl.F_SETLKW: fcntl.F_OFD_SETLKW}[cmd]
+        arg = _FLOCK.pack(lk.l_type, os.SEEK_SET, lk.l_start, lk.l_len, 0)
+        with self._using(shadow) as fd:
+            res = fcntl.fcntl(fd, ofd, arg)
+        if cmd == fcntl.F_GETLK:
+            l_type, _, start, length, _ = _FLOCK.unpack(res)
+            lk.l_type = l_type
+            if l_type != fcntl.F_UNLCK:
+                lk.l_whence, lk.l_start, lk.l_len, lk.l_pid = os.SEEK_SET, start, length, 0
+        return 0
+
+
+# --------------------------------------------------------------------------
+# server entry point
+# --------------------------------------------------------------------------
+
+
+def _exit_when_orphaned(mountpoint: str, poll_s: float = 0.5) -> None:
+    """Unmount and exit once the process that started us is gone.
+
+    Protects against stale mounts when a test run is killed: SIGTERM makes
+    libfuse leave its loop and unmount; lazy unmount + exit is the fallback.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        # Keep process-directed signals for the main thread, where libfuse's
+        # handler interrupts its wait loop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        _detach(mountpoint)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def serve(
+    backing: str,
+    mountpoint: str,
+    profile: str,
+    *,
+    lag_ms: float = 2000,
+    latency_ms: float = 0,
+    debug: bool = False,
+    exit_with_parent: bool = False,
+) -> int:
+    """Mount and serve in the foreground until unmounted or signalled."""
+    prof = parse_profile(profile)
+    try:
+        import mfusepy
+    except ImportError:
+        print("hostilefs: mfusepy is not installed: pip install mfusepy", file=sys.stderr)
+        return 3
+    except OSError as exc:  # mfusepy raises this when it finds no libfuse
+        print(f"hostilefs: {exc}: apt-get install libfuse2 (or libfuse3-3)", file=sys.stderr)
+        return 3
+
+    os.umask(0)  # the kernel already applied the caller's umask to modes
+    shadow_dir = tempfile.mkdtemp(prefix="hostilefs-locks-")
+    ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
+                     shadow_dir=shadow_dir, context=mfusepy.fuse_get_context)
+    options: dict[str, Any] = dict(
+        _MOUNT_OPTIONS,
+        foreground=True,
+        nothreads=False,  # blocking lock requests park a worker thread each
+        allow_other=True,  # other uids (tests dropping privileges) may use it
+        default_permissions=True,  # the kernel checks modes, like a real fs
+        fsname=f"hostilefs-{prof.name}",
+        subtype="hostilefs",
+        use_ino=True,
+        debug=debug,
+    )
+    if mfusepy.fuse_version_major >= 3:
+        # libfuse3 caps its worker pool at 10 threads by default; more than
+        # that many callers blocked in locks would stall the whole mount.
+        options["max_threads"] = 256
+    if exit_with_parent:
+        _exit_when_orphaned(mountpoint)
+    try:
+        mfusepy.FUSE(ops, mountpoint, raw_fi=True, **options)
+    finally:
+        shutil.rmtree(shadow_dir, ignore_errors=True)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sharedfs.testing.hostilefs", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="plain", help=f"one of {', '.join(PROFILES)}, combinable with '+'")
+    parser.add_argument("--lag-ms", type=float, default=2000, help="visibility lag of the lagging profile")
+    parser.add_argument("--latency-ms", type=float, default=0, help="added to every metadata operation")
+    parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
+    parser.add_argument("--exit-with-parent", action="store_true", help="unmount when the parent process dies")
+    parser.add_argument("backing")
+    parser.add_argument("mountpoint")
+    args = parser.parse_args(argv)
+    try:
+        parse_profile(args.profile)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms,
+                 latency_ms=args.latency_ms, debug=args.debug, exit_with_parent=args.exit_with_parent)
+
+
+# --------------------------------------------------------------------------
+# mount helpers (run in the test process)
+# --------------------------------------------------------------------------
+
+
+class FuseUnavailable(RuntimeError):
+    """FUSE cannot work on this machine; ``str(exc)`` says why and what to install."""
+
+
+class HostileMountError(RuntimeError):
+    """hostilefs failed to start for a reason other than missing FUSE support."""
+
+
+def _libfuse_path() -> Optional[str]:
+    # The same search mfusepy does.
+    return (os.environ.get("FUSE_LIBRARY_PATH") or ctypes.util.find_library("fuse")
+            or ctypes.util.find_library("fuse3"))
+
+
+@functools.lru_cache(maxsize=None)
+def fuse_available() -> tuple[bool, str]:
+    """``(True, "...")`` if hostilefs can probably mount here, else ``(False, reason)``.
+
+    Checks the static prerequisites; mount permission itself shows only when
+    mounting, where :func:`mount` raises :class:`FuseUnavailable`.
+    """
+    if not sys.platform.startswith("linux"):
+        return False, f"hostilefs needs Linux FUSE (this is {sys.platform})"
+    if not os.path.exists("/dev/fuse"):
+        return False, ("/dev/fuse does not exist: no FUSE in this kernel or container "
+                       "(containers need --device /dev/fuse --cap-add SYS_ADMIN)")
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return False, f"cannot open /dev/fuse: {exc.strerror}"
+    if importlib.util.find_spec("mfusepy") is None:
+        return False, "mfusepy is not installed: pip install mfusepy"
+    if not _libfuse_path():
+        return False, "libfuse not found: apt-get install libfuse2 (or libfuse3-3)"
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return False, "mounting FUSE as non-root needs fusermount: apt-get install fuse3"
+    return True, "FUSE is available"
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """``(mount point, fstype, source)`` for every mount, from /proc/self/mountinfo."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) >= 5 and len(rfields) >= 2:
+                out.append((_unescape_mountinfo(fields[4]), rfields[0], _unescape_mountinfo(rfields[1])))
+    return out
+
+
+def is_mounted(path: _PathLike, fstype: Optional[str] = None) -> bool:
+    """Whether ``path`` is a mount point (of ``fstype``, if given)."""
+    # abspath, not realpath: resolving a dead FUSE mount would fail or hang.
+    target = os.path.abspath(path)
+    return any(mp == target and (fstype is None or ft == fstype) for mp, ft, _ in _mounts())
+
+
+def _detach(path: _PathLike) -> None:
+    """Lazily unmount ``path`` (works while busy or after the server died)."""
+    path = os.fspath(path)
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.umount2(os.fsencode(path), 2) == 0:  # MNT_DETACH
+            return
+    for cmd in (["fusermount3", "-u", "-z", path], ["fusermount", "-u", "-z", path], ["umount", "-l", path]):
+        if shutil.which(cmd[0]):
+            if subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+                return
+
+
+def _classify_failure(log: str, returncode: int) -> Exception:
+    """Turn the server's dying words into FuseUnavailable or HostileMountError."""
+    text = log.strip() or f"(no output, exit code {returncode})"
+    lowered = text.lower()
+    if "mfusepy is not installed" in lowered or "no module named 'mfusepy'" in lowered:
+        return FuseUnavailable("mfusepy is not installed: pip install mfusepy")
+    if "libfuse" in lowered and ("unable to find" in lowered or "not found" in lowered):
+        return FuseUnavailable("libfuse not found: apt-get install libfuse2 (or libfuse3-3)")
+    if "device not found" in lowered or "/dev/fuse" in lowered:
+        return FuseUnavailable(f"FUSE device unusable: {text}")
+    if "not permitted" in lowered or "permission denied" in lowered or "fusermount" in lowered:
+        return FuseUnavailable(f"mounting FUSE is not permitted here: {text}")
+    return HostileMountError(f"hostilefs exited with code {returncode}:\n{text}")
+
+
+_LIVE: "set[HostileMount]" = set()
+_SCRIPT = Path(__file__).resolve()
+
+
+class HostileMount:
+    """A running hostilefs mount; unmounts on :meth:`unmount` or context exit."""
+
+    def __init__(self, path: Path, backing: Path, profile: str, lag_ms: float, latency_ms: float,
+                 process: "subprocess.Popen[bytes]", log_path: str) -> None:
+        self.path = path
+        self.backing = backing
+        self.profile = profile
+        self.lag_ms = lag_ms
+        self.latency_ms = latency_ms
+        self.process = process
+        self._log_path = log_path
+        self._log_text: Optional[str] = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "unmounted" if self._closed else "mounted"
+        return f"<HostileMount {self.profile} {self.path} ({state}, pid {self.process.pid})>"
+
+    def __enter__(self) -> "HostileMount":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unmount()
+
+    @property
+    def mounted(self) -> bool:
+        return not self._closed and is_mounted(self.path, FSTYPE)
+
+    def log(self) -> str:
+        """The server's stdout/stderr so far (useful in assertion messages)."""
+        if self._log_text is not None:
+            return self._log_text
+        try:
+            with open(self._log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def unmount(self, timeout: float = 10.0) -> None:
+        """Unmount and stop the server. Idempotent; never leaves a stale mount."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        proc = self.process
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # libfuse unmounts cleanly
+                try:
+                    proc.wait(timeout=min(5.0, timeout))
+                except subprocess.TimeoutExpired:
+                    pass
+            if is_mounted(self.path):
+                _detach(self.path)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=timeout)
+            if is_mounted(self.path):
+                _detach(self.path)
+        finally:
+            self._log_text = self.log()
+            try:
+                os.unlink(self._log_path)
+            except OSError:
+                pass
+
+
+def mount(
+    backing: _PathLike,
+    mountpoint: _PathLike,
+    profile: str = "plain",
+    *,
+    lag_ms: float = 2000,
+    latency_ms: float = 0,
+    timeout: float = 10.0,
+    debug: bool = False,
+) -> HostileMount:
+    """Mount hostilefs over ``backing`` at ``mountpoint`` and wait until it serves.
+
+    Both directories are created if missing.  Raises :class:`FuseUnavailable`
+    when FUSE cannot work here and :class:`HostileMountError` for other
+    failures.  The server runs as ``sys.executable hostilefs.py`` (by path,
+    so a half-written ``sharedfs/__init__.py`` cannot break it) and exits
+    with the calling process.
+    """
+    parse_profile(profile)  # fail fast on typos
+    ok, reason = fuse_available()
+    if not ok:
+        raise FuseUnavailable(reason)
+    backing_p = Path(os.path.realpath(backing))
+    mnt = Path(os.path.realpath(mountpoint))
+    backing_p.mkdir(parents=True, exist_ok=True)
+    if is_mounted(mnt, FSTYPE):  # left over from a killed run
+        _detach(mnt)
+    elif is_mounted(mnt):
+        raise HostileMountError(f"{mnt} is already a mount point")
+    mnt.mkdir(parents=True, exist_ok=True)
+
+    fd, log_path = tempfile.mkstemp(prefix="hostilefs-", suffix=".log")
+    cmd = [sys.executable, str(_SCRIPT), "--profile", profile, "--lag-ms", str(lag_ms),
+           "--latency-ms", str(latency_ms), "--exit-with-parent"]
+    if debug:
+        cmd.append("--debug")
+    cmd += [str(backing_p), str(mnt)]
+    env = {k: v for k, v in os.environ.items()
+           if k not in (NODE_ENV, "SHAREDFS_FAULT_PREFIXES")}  # the server is nobody's node
+    try:
+        # New session: a terminal Ctrl-C must not kill the server before the
+        # test process has unmounted.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    finally:
+        os.close(fd)
+    m = HostileMount(mnt, backing_p, profile, lag_ms, latency_ms, proc, log_path)
+    _LIVE.add(m)
+    deadline = time.monotonic() + timeout
+    try:
+        while not is_mounted(mnt, FSTYPE):
+            rc = proc.poll()
+            if rc is not None:
+                raise _classify_failure(m.log(), rc)
+            if time.monotonic() > deadline:
+                raise HostileMountError(f"hostilefs did not mount {mnt} within {timeout}s:\n{m.log()}")
+            time.sleep(0.02)
+        os.stat(mnt)  # first request: waits until the server answers
+    except BaseException:
+        m.unmount()
+        raise
+    return m
+
+
+@atexit.register
+def _unmount_all() -> None:
+    for m in list(_LIVE):
+        m.unmount()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
