@@ -25,18 +25,14 @@ __all__ = ["classify", "sharedfs_classify_filesystem"]
 
 COHERENT, NODE_LOCAL, ABSENT = "coherent", "node-local", "absent"
 
-# Block and memory filesystems that only this node can see.  A lock that
-# excludes every process on the node excludes everyone, so they count as local.
-_LOCAL_FSTYPES = frozenset(
-    {
-        "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs",
-        "bcachefs", "nilfs2", "vfat", "msdos", "exfat", "ntfs", "ntfs3", "hfs",
-        "hfsplus", "udf", "iso9660", "squashfs", "erofs", "ramfs", "devtmpfs",
-        "proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "hugetlbfs",
-        "debugfs", "tracefs", "securityfs", "pstore", "bpf", "configfs",
-        "efivarfs", "binfmt_misc", "fusectl",
-    }
-)
+# Filesystems only this node can see.  A lock that excludes every process on
+# the node excludes everyone, so they count as local.
+_BLOCK_FS = ("ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs", "nilfs2")
+_MEDIA_FS = ("vfat", "msdos", "exfat", "ntfs", "ntfs3", "hfs", "hfsplus", "udf", "iso9660", "squashfs", "erofs")
+_MEMORY_FS = ("ramfs", "devtmpfs")
+_PSEUDO_FS = ("proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "hugetlbfs", "debugfs", "tracefs")
+_PSEUDO_FS_2 = ("securityfs", "pstore", "bpf", "configfs", "efivarfs", "binfmt_misc", "fusectl")
+_LOCAL_FSTYPES = frozenset(_BLOCK_FS + _MEDIA_FS + _MEMORY_FS + _PSEUDO_FS + _PSEUDO_FS_2)
 
 
 @hookimpl
@@ -86,8 +82,10 @@ def _lustre(mount: Mount) -> FsInfo:
             posix=NODE_LOCAL,
             o_excl_atomic=True,
             notes=(
-                "Lustre mounted with localflock: flock succeeds but excludes only "
-                "processes on the same node (POSIX fcntl locks likewise).",
+                (
+                    "Lustre mounted with localflock: flock succeeds but excludes only "
+                    "processes on the same node (POSIX fcntl locks likewise)."
+                ),
             ),
         )
     if "flock" in opts:
@@ -99,8 +97,10 @@ def _lustre(mount: Mount) -> FsInfo:
             posix=COHERENT,
             o_excl_atomic=True,
             notes=(
-                "Lustre mounted with flock: flock and POSIX locks are granted by "
-                "the Lustre lock manager and exclude processes on every client.",
+                (
+                    "Lustre mounted with flock: flock and POSIX locks are granted by "
+                    "the Lustre lock manager and exclude processes on every client."
+                ),
             ),
         )
     # filelock >= 3.10.5 turns this ENOSYS into NotImplementedError
@@ -115,8 +115,10 @@ def _lustre(mount: Mount) -> FsInfo:
         flock_errno="ENOSYS",
         posix_errno="ENOSYS",
         notes=(
-            "Lustre mounted without flock or localflock: flock and POSIX locks "
-            "fail with ENOSYS (Function not implemented).",
+            (
+                "Lustre mounted without flock or localflock: flock and POSIX locks "
+                "fail with ENOSYS (Function not implemented)."
+            ),
         ),
     )
 
@@ -133,8 +135,10 @@ def _gpfs(mount: Mount) -> FsInfo:
         posix=COHERENT,
         o_excl_atomic=True,
         notes=(
-            "GPFS (IBM Storage Scale): flock succeeds but excludes only processes "
-            "on the same node; POSIX fcntl locks exclude across nodes.",
+            (
+                "GPFS (IBM Storage Scale): flock succeeds but excludes only processes "
+                "on the same node; POSIX fcntl locks exclude across nodes."
+            ),
         ),
     )
 
@@ -171,8 +175,7 @@ def _nfs(mount: Mount) -> FsInfo:
         if "nolock" in opts:
             cause = "nolock (which implies local_lock=all)"
         notes.append(
-            f"NFS mounted with {cause}: {which[local_lock]} succeed but exclude "
-            "only processes on this client."
+            f"NFS mounted with {cause}: {which[local_lock]} succeed but exclude only processes on this client."
         )
     if not flock_local:
         # flock(2) NOTES: since Linux 2.6.12 NFS emulates flock() with a POSIX
@@ -221,10 +224,12 @@ def _beegfs(mount: Mount) -> FsInfo:
         posix=NODE_LOCAL,
         o_excl_atomic=True,
         notes=(
-            "BeeGFS: flock and POSIX locks exclude across nodes only if "
-            f"{cfg} sets tuneUseGlobalFileLocks=true (the default is false), "
-            "which the mount does not show; assumed node-local. A site plugin "
-            "can declare them coherent.",
+            (
+                "BeeGFS: flock and POSIX locks exclude across nodes only if "
+                f"{cfg} sets tuneUseGlobalFileLocks=true (the default is false), "
+                "which the mount does not show; assumed node-local. A site plugin "
+                "can declare them coherent."
+            ),
         ),
     )
 
@@ -242,8 +247,7 @@ def _cephfs(mount: Mount) -> FsInfo:
         posix=COHERENT,
         o_excl_atomic=True,
         notes=(
-            f"CephFS ({client}): flock and POSIX locks are granted by the metadata "
-            "server and exclude across nodes.",
+            (f"CephFS ({client}): flock and POSIX locks are granted by the metadata server and exclude across nodes."),
         ),
     )
 
@@ -257,13 +261,11 @@ def _cifs(mount: Mount) -> FsInfo:
     # on the client.
     nobrl = "nobrl" in mount.options
     notes = [
-        "SMB/CIFS: flock is shared with the server only on Linux 5.5 or later "
-        "and is assumed node-local.",
+        ("SMB/CIFS: flock is shared with the server only on Linux 5.5 or later and is assumed node-local."),
     ]
     if nobrl:
         notes.append(
-            "Mounted with nobrl: POSIX fcntl locks are not sent to the server and "
-            "exclude only processes on this node."
+            "Mounted with nobrl: POSIX fcntl locks are not sent to the server and exclude only processes on this node."
         )
     else:
         notes.append(
@@ -295,8 +297,10 @@ def _fuse(mount: Mount) -> FsInfo:
             posix=COHERENT,
             o_excl_atomic=True,
             notes=(
-                "FUSE over a local block device (fuseblk): only this node sees it, "
-                "so the kernel's node-wide locks exclude everyone.",
+                (
+                    "FUSE over a local block device (fuseblk): only this node sees it, "
+                    "so the kernel's node-wide locks exclude everyone."
+                ),
             ),
         )
     # A FUSE daemon without lock handlers gets the kernel's local locking,
@@ -312,9 +316,11 @@ def _fuse(mount: Mount) -> FsInfo:
         posix=NODE_LOCAL,
         o_excl_atomic=False,
         notes=(
-            f"FUSE filesystem '{sub}': treated as shared with no trustworthy lock; "
-            "the kernel handles its locks on this node only unless the daemon "
-            "implements them, and O_EXCL is as atomic as the daemon makes it.",
+            (
+                f"FUSE filesystem '{sub}': treated as shared with no trustworthy lock; "
+                "the kernel handles its locks on this node only unless the daemon "
+                "implements them, and O_EXCL is as atomic as the daemon makes it."
+            ),
         ),
     )
 
@@ -332,8 +338,10 @@ def _local_info(mount: Mount, kind: str, what: str) -> FsInfo:
         posix=COHERENT,
         o_excl_atomic=True,
         notes=(
-            f"{what}: only this node sees it, so flock and POSIX locks exclude "
-            "every process that can reach the file.",
+            (
+                f"{what}: only this node sees it, so flock and POSIX locks exclude "
+                "every process that can reach the file."
+            ),
         ),
     )
 
@@ -364,8 +372,10 @@ def _unknown(mount: Mount) -> FsInfo:
         posix=NODE_LOCAL,
         o_excl_atomic=False,
         notes=(
-            f"Unknown filesystem '{mount.fstype}': treated as shared, with no lock "
-            "trusted to exclude other nodes and O_EXCL not assumed atomic.",
+            (
+                f"Unknown filesystem '{mount.fstype}': treated as shared, with no lock "
+                "trusted to exclude other nodes and O_EXCL not assumed atomic."
+            ),
         ),
     )
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "KINDS",
@@ -114,7 +115,7 @@ class Mount:
     @property
     def subtype(self) -> str | None:
         """The part after the dot of ``fuse.<subtype>`` (``None`` otherwise)."""
-        base, dot, sub = self.fstype.partition(".")
+        _, dot, sub = self.fstype.partition(".")
         return sub if dot and sub else None
 
     def as_dict(self) -> dict[str, Any]:
@@ -314,9 +315,7 @@ def _innermost(mounts: tuple[Mount, ...], path: str) -> Mount | None:
     """The mount with the longest mount point containing ``path``; the later wins a tie."""
     best: Mount | None = None
     for mount in mounts:
-        if _contains(mount.mount_point, path) and (
-            best is None or len(mount.mount_point) >= len(best.mount_point)
-        ):
+        if _contains(mount.mount_point, path) and (best is None or len(mount.mount_point) >= len(best.mount_point)):
             best = mount
     return best
 
@@ -421,9 +420,7 @@ class FsInfo:
         for name in ("flock", "posix"):
             value = getattr(self, name)
             if value not in LOCK_STATES:
-                raise ValueError(
-                    f"FsInfo.{name}={value!r}; expected one of {', '.join(LOCK_STATES)}"
-                )
+                raise ValueError(f"FsInfo.{name}={value!r}; expected one of {', '.join(LOCK_STATES)}")
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def safe_lock(self) -> str | None:

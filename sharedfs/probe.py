@@ -60,7 +60,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional
 
 __all__ = ["CHECKS", "SCHEMA_VERSION", "probe"]
 
@@ -82,10 +82,10 @@ CHECKS = (
 # other step hanging means the filesystem itself is stuck: stop there.
 _LOCK_CHECKS = {"flock": "flock_excludes", "posix": "posix_excludes"}
 
-# Runtime aliases, so typing.* keeps them valid on Python 3.9.
-Result = Dict[str, Any]
+# Runtime aliases: Optional rather than `X | None`, which Python 3.9 cannot evaluate.
+Result = dict[str, Any]
 #: What a worker step returns: (ok, detail, errno name).
-StepOutcome = Tuple[bool, str, Optional[str]]
+StepOutcome = tuple[bool, str, Optional[str]]
 Step = Callable[[str, float], StepOutcome]
 
 
@@ -130,9 +130,7 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
     started = time.monotonic()
     path = os.path.abspath(os.fspath(path))
     node = socket.gethostname()
-    workdir = os.path.join(
-        path, f".sharedfs-probe-{node}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    )
+    workdir = os.path.join(path, f".sharedfs-probe-{node}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "path": path,
@@ -168,6 +166,8 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
         if step == "setup":
             report["writable"] = None
             report["error"] = f"creating a directory in {path} {result['detail']}"
+            for name in CHECKS:
+                report["results"][name] = _result(False, "not run: creating the work directory hung")
             pending.clear()
             break
         report["results"][step] = result
@@ -175,13 +175,12 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
             dependent = _LOCK_CHECKS[step]
             if dependent in pending:
                 pending.remove(dependent)
-                report["results"][dependent] = _result(
-                    False, f"not run: the {step} call hung"
-                )
+                report["results"][dependent] = _result(False, f"not run: the {step} call hung")
         elif result["timed_out"] or not outcome.results:
             # The filesystem is stuck, or the worker cannot run at all.
+            why = "hung" if result["timed_out"] else "stopped the probe worker"
             for rest in pending:
-                report["results"][rest] = _result(False, f"not run: {step} failed first")
+                report["results"][rest] = _result(False, f"not run: the {step} check {why}")
             pending.clear()
 
     if created:
@@ -266,8 +265,7 @@ def _run_worker(workdir: str, steps: list[str], timeout: float) -> _Outcome:
                 step,
                 _result(
                     False,
-                    f"timed out after {timeout:g} s (the call did not return; "
-                    "the process was killed)",
+                    f"timed out after {timeout:g} s (the call did not return; the process was killed)",
                     timed_out=True,
                     seconds=time.monotonic() - step_started,
                 ),
@@ -355,7 +353,6 @@ def _worker(spec: dict[str, Any]) -> None:
             return  # no work directory: nothing else can run
 
 
-
 def _setup(workdir: str, _timeout: float) -> StepOutcome:
     os.mkdir(workdir, 0o700)
     return True, f"created {workdir}", None
@@ -430,8 +427,8 @@ def _contender(path: str, kind: str, timeout: float) -> tuple[str, str | None]:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     code = "excluded"
                 name = _errno_name(exc) or ""
-        except BaseException:  # noqa: BLE001 - a forked child must never return
-            pass
+        except BaseException:  # noqa: BLE001 - a forked child must never unwind into the worker
+            code = "error"
         finally:
             try:
                 os.write(write_end, f"{code} {name}".encode())
@@ -477,26 +474,24 @@ def _excludes(kind: str) -> Step:
         if held == "excluded" and after == "acquired":
             return (
                 True,
-                f"a second process on this node was refused the {label} lock "
-                f"({held_err}) while it was held, and got it once released",
+                (
+                    f"a second process on this node was refused the {label} lock "
+                    f"({held_err}) while it was held, and got it once released"
+                ),
                 None,
             )
         if held == "acquired":
             return (
                 False,
-                f"a second process on this node also got the {label} lock: "
-                "it does not exclude",
+                f"a second process on this node also got the {label} lock: it does not exclude",
                 None,
             )
         if held == "timeout" or after == "timeout":
-            raise _StepTimeout(
-                f"the second process's {label} call did not return within {timeout:g} s"
-            )
+            raise _StepTimeout(f"the second process's {label} call did not return within {timeout:g} s")
         if held == "excluded":
             return (
                 False,
-                f"the {label} lock excluded a second process but was not free "
-                f"after release ({after}, {after_err})",
+                f"the {label} lock excluded a second process but was not free after release ({after}, {after_err})",
                 after_err,
             )
         return False, f"the second process's {label} call failed ({held_err})", held_err

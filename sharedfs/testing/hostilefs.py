@@ -65,7 +65,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 __all__ = [
     "FSTYPE",
@@ -83,6 +83,7 @@ __all__ = [
 
 NODE_ENV = "SHAREDFS_NODE_ID"
 DEFAULT_NODE = "default"
+_NODE_KEY = b"\0" + NODE_ENV.encode() + b"="
 #: ``/proc/self/mountinfo`` fstype of a hostilefs mount (``subtype=hostilefs``).
 FSTYPE = "fuse.hostilefs"
 
@@ -144,16 +145,26 @@ def node_of_pid(pid: int) -> str:
     """
     if pid <= 0:  # requests the kernel makes on nobody's behalf
         return DEFAULT_NODE
+    chunks = [b"\0"]
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
     except OSError:  # the process is gone, or /proc hides it
         return DEFAULT_NODE
-    key = NODE_ENV.encode() + b"="
-    for entry in data.split(b"\0"):
-        if entry.startswith(key):
-            return entry[len(key):].decode("utf-8", "replace") or DEFAULT_NODE
-    return DEFAULT_NODE
+    data = b"".join(chunks)
+    start = data.find(_NODE_KEY)
+    if start < 0:
+        return DEFAULT_NODE
+    start += len(_NODE_KEY)
+    end = data.find(b"\0", start)
+    return data[start:end if end >= 0 else None].decode("utf-8", "replace") or DEFAULT_NODE
 
 
 class _Visibility:
@@ -169,18 +180,23 @@ class _Visibility:
         self.lag_s = lag_s
         self._mu = threading.Lock()
         self._fresh: dict[str, tuple[float, set[str]]] = {}  # path -> (created, nodes that see it)
+        self._newest = float("-inf")
 
     def active(self) -> bool:
-        """Cheap check so the common case needs no /proc read."""
-        return bool(self._fresh)
+        """Whether anything may be hidden: lets the common case skip the /proc read."""
+        return time.monotonic() - self._newest < self.lag_s
 
-    def hidden(self, path: str, node: str) -> bool:
+    def hidden(self, path: str, caller_node: Callable[[], str]) -> bool:
+        """Whether ``path`` is hidden from the calling node.
+
+        ``caller_node`` is only called for fresh entries: finding the node
+        costs a /proc read, which most lookups need not pay.
+        """
         with self._mu:
             entry = self._fresh.get(path)
-            if entry is None:
-                return False
-            created, seen_by = entry
-            return node not in seen_by and time.monotonic() - created < self.lag_s
+        if entry is None or time.monotonic() - entry[0] >= self.lag_s:
+            return False
+        return caller_node() not in entry[1]
 
     def created(self, path: str, node: str) -> None:
         now = time.monotonic()
@@ -188,6 +204,7 @@ class _Visibility:
             for p in [p for p, (t, _) in self._fresh.items() if now - t >= self.lag_s]:
                 del self._fresh[p]
             self._fresh[path] = (now, {node})
+            self._newest = now
 
     def learned(self, path: str, node: str) -> None:
         """``node`` just created/opened ``path`` by name, so its cache knows it."""
@@ -209,6 +226,7 @@ class _Visibility:
                 self._fresh[new + p[len(old):]] = self._fresh.pop(p)
             self._fresh.pop(old, None)
             self._fresh[new] = (now, {node})
+            self._newest = now
 
     def _drop_tree(self, path: str) -> None:
         for p in [p for p in self._fresh if p == path or p.startswith(path + "/")]:
@@ -328,7 +346,7 @@ class HostileOps:
             time.sleep(self.latency_s)
 
     def _check_visible(self, path: str) -> None:
-        if self.vis is not None and self.vis.active() and self.vis.hidden(path, self._caller_node()):
+        if self.vis is not None and self.vis.active() and self.vis.hidden(path, self._caller_node):
             raise _enoent()
 
     def _created(self, path: str, real: str) -> None:
@@ -377,7 +395,8 @@ class HostileOps:
     def readdir(self, path: str, fh: int) -> list[Any]:
         self._meta()
         self._check_visible(path)
-        node = self._caller_node() if self.vis is not None and self.vis.active() else None
+        vis = self.vis if self.vis is not None and self.vis.active() else None
+        caller_node = functools.lru_cache(maxsize=None)(self._caller_node)  # read /proc at most once
         entries: list[Any] = [".", ".."]
         with os.scandir(self._real(path)) as it:
             for entry in it:
@@ -386,7 +405,7 @@ class HostileOps:
                 if entry.name.startswith(".fuse_hidden"):
                     continue
                 child = path.rstrip("/") + "/" + entry.name
-                if node is not None and self.vis.hidden(child, node):
+                if vis is not None and vis.hidden(child, caller_node):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -673,8 +692,13 @@ def serve(
     latency_ms: float = 0,
     debug: bool = False,
     exit_with_parent: bool = False,
+    shadow_dir: Optional[str] = None,
 ) -> int:
-    """Mount and serve in the foreground until unmounted or signalled."""
+    """Mount and serve in the foreground until unmounted or signalled.
+
+    ``shadow_dir`` holds localflock's per-node lock files (a private temp
+    dir, removed at exit, when not given).
+    """
     prof = parse_profile(profile)
     try:
         import mfusepy
@@ -686,7 +710,9 @@ def serve(
         return 3
 
     os.umask(0)  # the kernel already applied the caller's umask to modes
-    shadow_dir = tempfile.mkdtemp(prefix="hostilefs-locks-")
+    own_shadow_dir = shadow_dir is None
+    if shadow_dir is None:
+        shadow_dir = tempfile.mkdtemp(prefix="hostilefs-locks-")
     ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
                      shadow_dir=shadow_dir, context=mfusepy.fuse_get_context)
     options: dict[str, Any] = dict(
@@ -709,7 +735,8 @@ def serve(
     try:
         mfusepy.FUSE(ops, mountpoint, raw_fi=True, **options)
     finally:
-        shutil.rmtree(shadow_dir, ignore_errors=True)
+        if own_shadow_dir:
+            shutil.rmtree(shadow_dir, ignore_errors=True)
     return 0
 
 
@@ -720,6 +747,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every metadata operation")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     parser.add_argument("--exit-with-parent", action="store_true", help="unmount when the parent process dies")
+    parser.add_argument("--shadow-dir", help="where localflock keeps its per-node lock files")
     parser.add_argument("backing")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
@@ -728,7 +756,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms,
-                 latency_ms=args.latency_ms, debug=args.debug, exit_with_parent=args.exit_with_parent)
+                 latency_ms=args.latency_ms, debug=args.debug, exit_with_parent=args.exit_with_parent,
+                 shadow_dir=args.shadow_dir)
 
 
 # --------------------------------------------------------------------------
@@ -831,17 +860,21 @@ _SCRIPT = Path(__file__).resolve()
 
 
 class HostileMount:
-    """A running hostilefs mount; unmounts on :meth:`unmount` or context exit."""
+    """A running hostilefs mount; unmounts on :meth:`unmount` or context exit.
+
+    ``path`` is the mount point, ``backing`` the real directory behind it
+    (write there to seed files every node sees at once).
+    """
 
     def __init__(self, path: Path, backing: Path, profile: str, lag_ms: float, latency_ms: float,
-                 process: "subprocess.Popen[bytes]", log_path: str) -> None:
+                 process: "subprocess.Popen[bytes]", state_dir: str) -> None:
         self.path = path
         self.backing = backing
         self.profile = profile
         self.lag_ms = lag_ms
         self.latency_ms = latency_ms
         self.process = process
-        self._log_path = log_path
+        self._state_dir = state_dir  # server log + localflock shadow files
         self._log_text: Optional[str] = None
         self._closed = False
 
@@ -864,13 +897,19 @@ class HostileMount:
         if self._log_text is not None:
             return self._log_text
         try:
-            with open(self._log_path, encoding="utf-8", errors="replace") as f:
+            with open(os.path.join(self._state_dir, "server.log"), encoding="utf-8", errors="replace") as f:
                 return f.read()
         except OSError:
             return ""
 
-    def unmount(self, timeout: float = 10.0) -> None:
-        """Unmount and stop the server. Idempotent; never leaves a stale mount."""
+    def unmount(self, grace: float = 2.0) -> None:
+        """Unmount and stop the server. Idempotent; never leaves a stale mount.
+
+        SIGTERM lets libfuse unmount and exit (~15 ms).  A server with a
+        worker still parked in a blocking lock cannot finish that way, so
+        after ``grace`` seconds the mount is detached lazily and the server
+        killed; callers still inside it then get ECONNABORTED.
+        """
         if self._closed:
             return
         self._closed = True
@@ -878,24 +917,21 @@ class HostileMount:
         proc = self.process
         try:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # libfuse unmounts cleanly
+                proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=min(5.0, timeout))
+                    proc.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
                     pass
             if is_mounted(self.path):
                 _detach(self.path)
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(timeout=timeout)
+                proc.wait()
             if is_mounted(self.path):
                 _detach(self.path)
         finally:
             self._log_text = self.log()
-            try:
-                os.unlink(self._log_path)
-            except OSError:
-                pass
+            shutil.rmtree(self._state_dir, ignore_errors=True)
 
 
 def mount(
@@ -912,9 +948,9 @@ def mount(
 
     Both directories are created if missing.  Raises :class:`FuseUnavailable`
     when FUSE cannot work here and :class:`HostileMountError` for other
-    failures.  The server runs as ``sys.executable hostilefs.py`` (by path,
-    so a half-written ``sharedfs/__init__.py`` cannot break it) and exits
-    with the calling process.
+    failures.  The server runs as ``sys.executable .../hostilefs.py`` (by
+    path, so a half-written ``sharedfs/__init__.py`` cannot break it), in
+    its own session, and unmounts itself if the calling process dies.
     """
     parse_profile(profile)  # fail fast on typos
     ok, reason = fuse_available()
@@ -929,22 +965,21 @@ def mount(
         raise HostileMountError(f"{mnt} is already a mount point")
     mnt.mkdir(parents=True, exist_ok=True)
 
-    fd, log_path = tempfile.mkstemp(prefix="hostilefs-", suffix=".log")
+    state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     cmd = [sys.executable, str(_SCRIPT), "--profile", profile, "--lag-ms", str(lag_ms),
-           "--latency-ms", str(latency_ms), "--exit-with-parent"]
+           "--latency-ms", str(latency_ms), "--exit-with-parent",
+           "--shadow-dir", os.path.join(state_dir, "locks")]
     if debug:
         cmd.append("--debug")
     cmd += [str(backing_p), str(mnt)]
     env = {k: v for k, v in os.environ.items()
            if k not in (NODE_ENV, "SHAREDFS_FAULT_PREFIXES")}  # the server is nobody's node
-    try:
+    with open(os.path.join(state_dir, "server.log"), "wb") as log:
         # New session: a terminal Ctrl-C must not kill the server before the
         # test process has unmounted.
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-    finally:
-        os.close(fd)
-    m = HostileMount(mnt, backing_p, profile, lag_ms, latency_ms, proc, log_path)
+    m = HostileMount(mnt, backing_p, profile, lag_ms, latency_ms, proc, state_dir)
     _LIVE.add(m)
     deadline = time.monotonic() + timeout
     try:
@@ -955,7 +990,7 @@ def mount(
             if time.monotonic() > deadline:
                 raise HostileMountError(f"hostilefs did not mount {mnt} within {timeout}s:\n{m.log()}")
             time.sleep(0.02)
-        os.stat(mnt)  # first request: waits until the server answers
+        os.stat(mnt)  # first request: returns once the server answers
     except BaseException:
         m.unmount()
         raise

@@ -1,0 +1,126 @@
+"""Build and use the LD_PRELOAD library that makes file locks fail (``preload.c``).
+
+No FUSE needed: a process started with :func:`preload_env` sees ``flock``,
+``lockf`` and ``fcntl`` lock commands fail with ENOSYS (Lustre without
+``-o flock``) or ENOLCK (NFS without lockd) on files under the given
+directories, and work normally everywhere else::
+
+    env = preload_env([shared_dir], "ENOLCK")
+    subprocess.run([sys.executable, "train.py"], env=env)
+
+Interposition only reaches calls that go through the dynamic libc symbols,
+which covers Python and ordinary C code, not static binaries or raw syscalls.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Union
+
+__all__ = [
+    "FAULT_ERRNO_ENV",
+    "FAULT_PREFIXES_ENV",
+    "PRELOAD_SOURCE",
+    "PreloadUnavailable",
+    "build_preload",
+    "preload_env",
+]
+
+FAULT_PREFIXES_ENV = "SHAREDFS_FAULT_PREFIXES"
+FAULT_ERRNO_ENV = "SHAREDFS_FAULT_ERRNO"
+#: Ships inside the package (hatchling includes every file under sharedfs/).
+PRELOAD_SOURCE = Path(__file__).with_name("preload.c")
+_C_ERRNO_NAMES = {"ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP", "EINVAL", "EIO", "EACCES", "EAGAIN", "EPERM"}
+_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall"]
+
+_PathLike = Union[str, "os.PathLike[str]"]
+
+
+class PreloadUnavailable(RuntimeError):
+    """The fault library cannot be built here; ``str(exc)`` says why."""
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidate = Path(base) / "sharedfs-testing"
+    try:
+        candidate.mkdir(parents=True, exist_ok=True)
+        if os.access(candidate, os.W_OK):
+            return candidate
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"sharedfs-testing-{os.getuid()}"
+
+
+def build_preload(cache_dir: Optional[_PathLike] = None) -> Path:
+    """Compile ``preload.c`` (once per source version) and return the ``.so`` path.
+
+    The library is named after a hash of the source and flags, so edits
+    rebuild it and concurrent test workers share one build (written to a
+    temporary name, then renamed into place).  Honours ``$CC``.
+    """
+    source = PRELOAD_SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:16]
+    cache = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    lib = cache / f"libsharedfs_fault-{digest}.so"
+    if lib.exists():
+        return lib
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise PreloadUnavailable("no C compiler to build the lock fault library: apt-get install gcc")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{lib.name}.{os.getpid()}.tmp"
+    proc = subprocess.run([cc, *_CFLAGS, "-o", str(tmp), str(PRELOAD_SOURCE), "-ldl"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise PreloadUnavailable(f"compiling {PRELOAD_SOURCE} with {cc} failed:\n{proc.stderr}")
+    os.replace(tmp, lib)
+    return lib
+
+
+def _errno_setting(errno_name: Union[str, int]) -> str:
+    if isinstance(errno_name, int):
+        return str(errno_name)
+    code = getattr(errno, errno_name, None)
+    if not isinstance(code, int) or not errno_name.startswith("E"):
+        raise ValueError(f"unknown errno name {errno_name!r}")
+    # The library knows the common names; anything else travels as a number.
+    return errno_name if errno_name in _C_ERRNO_NAMES else str(code)
+
+
+def preload_env(
+    prefixes: Union[_PathLike, Iterable[_PathLike]],
+    errno_name: Union[str, int] = "ENOSYS",
+    base: Optional[Mapping[str, str]] = None,
+    *,
+    cache_dir: Optional[_PathLike] = None,
+) -> dict[str, str]:
+    """Environment (``base`` or ``os.environ`` + fault settings) for a child process.
+
+    Lock calls on files in or below any of ``prefixes`` fail with
+    ``errno_name``.  Prefixes are resolved with realpath, because the library
+    compares against the kernel's resolved fd paths.  Our library is appended
+    to any existing ``LD_PRELOAD``.
+    """
+    if isinstance(prefixes, (str, os.PathLike)):
+        prefixes = [prefixes]
+    resolved = [os.path.realpath(p) for p in prefixes]
+    for p in resolved:
+        if ":" in p:
+            raise ValueError(f"fault prefix {p!r} contains ':', the list separator")
+    lib = str(build_preload(cache_dir))
+    env = dict(os.environ if base is None else base)
+    env[FAULT_PREFIXES_ENV] = ":".join(resolved)
+    env[FAULT_ERRNO_ENV] = _errno_setting(errno_name)
+    existing = env.get("LD_PRELOAD", "").replace(":", " ").split()
+    if lib not in existing:
+        existing.append(lib)
+    env["LD_PRELOAD"] = " ".join(existing)
+    return env

@@ -1,0 +1,81 @@
+"""pytest fixtures for hostile filesystems.
+
+Load from the top-level ``conftest.py``::
+
+    pytest_plugins = ["sharedfs.testing.pytest_plugin"]
+
+``hostile_mount(profile, lag_ms=..., latency_ms=...)`` mounts hostilefs under
+the test's ``tmp_path`` and unmounts everything at teardown;
+``fault_preload(prefixes, errno_name="ENOSYS")`` returns an environment whose
+processes see lock calls fail under ``prefixes``.
+
+When the machine cannot provide FUSE (or a C compiler for the preload
+library) the test is skipped with the reason -- unless ``$CI`` is set: CI
+must install what it needs, so there the test fails with the same reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Union
+
+import pytest
+
+from .hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
+from .preload import PreloadUnavailable, preload_env
+
+__all__ = ["fault_preload", "hostile_mount", "skip_or_fail"]
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test for ``reason``; fail instead when running in CI."""
+    if os.environ.get("CI"):
+        pytest.fail(f"required test infrastructure missing in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def hostile_mount(tmp_path: Path) -> Iterator[Callable[..., HostileMount]]:
+    """Factory: ``hostile_mount("localflock", lag_ms=1000, latency_ms=0) -> HostileMount``.
+
+    Each call mounts a fresh backing dir under ``tmp_path``; all mounts are
+    unmounted at teardown, also when the test fails.
+    """
+    mounts: List[HostileMount] = []
+    counter = itertools.count()
+
+    def factory(profile: str = "plain", *, lag_ms: float = 2000, latency_ms: float = 0,
+                timeout: float = 10.0) -> HostileMount:
+        ok, reason = fuse_available()
+        if not ok:
+            skip_or_fail(f"FUSE unavailable: {reason}")
+        base = tmp_path / f"hostilefs-{next(counter)}-{profile.replace('+', '_')}"
+        try:
+            m = mount(base / "backing", base / "mnt", profile, lag_ms=lag_ms,
+                      latency_ms=latency_ms, timeout=timeout)
+        except FuseUnavailable as exc:
+            skip_or_fail(f"FUSE unavailable: {exc}")
+        mounts.append(m)
+        return m
+
+    try:
+        yield factory
+    finally:
+        for m in reversed(mounts):
+            m.unmount()
+
+
+@pytest.fixture
+def fault_preload() -> Callable[..., dict]:
+    """Factory: ``fault_preload(prefixes, errno_name="ENOSYS", base=None) -> env dict``."""
+
+    def factory(prefixes: Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]],
+                errno_name: Union[str, int] = "ENOSYS", base: Optional[dict] = None) -> dict:
+        try:
+            return preload_env(prefixes, errno_name, base)
+        except PreloadUnavailable as exc:
+            skip_or_fail(f"lock fault library unavailable: {exc}")
+
+    return factory

@@ -1,0 +1,98 @@
+"""Shared fixtures: a built wheel, fresh virtual environments, and the hostile filesystems."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+pytest_plugins = ["sharedfs.testing.pytest_plugin"]
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What every venv gets besides sharedfs; pinned so a test run is reproducible.
+DATASETS_REQ = os.environ.get("SHAREDFS_TEST_DATASETS", "datasets==5.2.0")
+
+
+class Venv:
+    """A real virtual environment, driven only through subprocesses."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.python = str(path / "bin" / "python")
+        self.site_packages = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([self.python, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"pip {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def run(self, code: str, *, flags: Sequence[str] = (), env: dict[str, str] | None = None,
+            check: bool = True, cwd: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([self.python, *flags, "-c", code], capture_output=True, text=True,
+                              env=clean_env(env), cwd=cwd or "/", timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        return proc
+
+    def sharedfs(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.path / "bin" / "sharedfs"), *args], capture_output=True, text=True,
+                              env=clean_env(env), cwd="/")
+
+    def status(self, env: dict[str, str] | None = None) -> dict:
+        proc = self.sharedfs("status", "--json", env=env)
+        return json.loads(proc.stdout)
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test runner's environment without any SHAREDFS_* or PYTHON* leaking into children."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SHAREDFS_", "PYTHON", "HF_", "WDS_", "WIDS_")) and k != "LD_PRELOAD"}
+    env.update(extra or {})
+    return env
+
+
+def make_venv(path: Path, *requirements: str) -> Venv:
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    env = Venv(path)
+    if requirements:
+        env.pip("install", *requirements)
+    return env
+
+
+@pytest.fixture(scope="session")
+def sharedfs_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = out.glob("sharedfs-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def datasets_venv(tmp_path_factory: pytest.TempPathFactory, sharedfs_wheel: Path) -> Venv:
+    """A fresh venv with the sharedfs wheel and real Hugging Face datasets installed."""
+    return make_venv(tmp_path_factory.mktemp("venv") / "datasets", str(sharedfs_wheel), DATASETS_REQ)
+
+
+@pytest.fixture
+def fresh_runtime(monkeypatch: pytest.MonkeyPatch):
+    """The in-process runtime with a clean environment and state, restored afterwards."""
+    from sharedfs import runtime
+
+    for key in list(os.environ):
+        if key.startswith(("SHAREDFS_", "SLURM")):
+            monkeypatch.delenv(key)
+    saved = runtime._state
+    runtime._state = None
+    runtime._fs_cache.clear()
+    yield runtime
+    runtime._state = saved
+    runtime._fs_cache.clear()

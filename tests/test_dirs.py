@@ -1,0 +1,74 @@
+"""node_local_dir refuses hostile directories; makedirs and wait_for behave on local disk."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import sharedfs
+from sharedfs.dirs import node_local_dir
+
+
+@pytest.fixture
+def root(tmp_path: Path, fresh_runtime, monkeypatch) -> Path:
+    monkeypatch.setenv("SHAREDFS_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    return tmp_path
+
+
+def test_node_local_dir_is_private_and_job_scoped(root: Path) -> None:
+    path = node_local_dir("hf_datasets")
+    assert path == root / f"sharedfs-{os.getuid()}" / "job-1234" / "hf_datasets"
+    for level in (path, path.parent, path.parent.parent):
+        assert stat.S_IMODE(level.stat().st_mode) == 0o700
+    assert node_local_dir("hf_datasets") == path  # idempotent
+
+
+def test_node_local_dir_refuses_a_directory_planted_by_another_user(root: Path) -> None:
+    planted = root / f"sharedfs-{os.getuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 65534, 65534)  # nobody: the tests run as root, as CI does
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="owned by uid 65534, not you"):
+        node_local_dir("hf_datasets")
+
+
+def test_node_local_dir_refuses_a_symlink(root: Path, tmp_path_factory) -> None:
+    elsewhere = tmp_path_factory.mktemp("attacker")
+    (root / f"sharedfs-{os.getuid()}").symlink_to(elsewhere)
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="is a symlink"):
+        node_local_dir("hf_datasets")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_node_local_dir_refuses_a_world_writable_root_without_sticky_bit(root: Path) -> None:
+    root.chmod(0o777)
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="without the sticky bit.*chmod \\+t"):
+        node_local_dir("hf_datasets")
+    root.chmod(0o1777)
+    assert node_local_dir("hf_datasets").is_dir()
+
+
+def test_makedirs_is_idempotent_and_refuses_a_file(tmp_path: Path, fresh_runtime) -> None:
+    target = tmp_path / "a" / "b" / "c"
+    assert sharedfs.makedirs(target) == target and sharedfs.makedirs(target) == target
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="not a directory"):
+        sharedfs.makedirs(tmp_path / "file", timeout=0.2)
+
+
+def test_wait_for_returns_when_the_path_appears_and_times_out_with_context(tmp_path: Path, fresh_runtime) -> None:
+    later = tmp_path / "later"
+    threading.Timer(0.3, later.mkdir).start()
+    started = time.monotonic()
+    sharedfs.wait_for(later, timeout=5)
+    assert 0.25 < time.monotonic() - started < 2
+    with pytest.raises(sharedfs.WaitTimeout) as info:
+        sharedfs.wait_for(tmp_path / "never", timeout=0.2)
+    message = str(info.value)
+    assert f"{tmp_path}/never to appear on node" in message and "rank 0 of 1" in message
+    assert "SHAREDFS_WAIT_TIMEOUT" in message

@@ -1,0 +1,109 @@
+"""sharedfs.lock on local disk: every kind excludes across real processes; stale holders are handled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sharedfs
+from conftest import clean_env
+from locktools import run_workers
+
+HOLD = """
+import sys, time, sharedfs
+lock = sharedfs.lock(sys.argv[1], kind=sys.argv[2])
+lock.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["flock", "posix", "soft", "lease"])
+def test_every_kind_excludes_across_processes(tmp_path: Path, kind: str) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    value, overlaps, kinds = run_workers(work, {"n1": 4}, 15, env={"SHAREDFS_LOCK": kind})
+    assert (value, overlaps, kinds) == (60, 0, {kind})
+
+
+def test_lock_is_reentrant_and_reports_its_kind(tmp_path: Path, fresh_runtime) -> None:
+    lock = sharedfs.lock(tmp_path / "a.lock", kind="soft")
+    with lock, lock:
+        assert lock.is_locked and (tmp_path / "a.lock.holder").exists()
+    assert not lock.is_locked and not (tmp_path / "a.lock").exists()
+    assert not (tmp_path / "a.lock.holder").exists()
+
+
+def test_posix_lock_excludes_threads_of_one_process(tmp_path: Path, fresh_runtime) -> None:
+    first = sharedfs.lock(tmp_path / "p.lock", kind="posix")
+    second = sharedfs.lock(tmp_path / "p.lock", kind="posix", timeout=0)
+    with first:
+        with pytest.raises(sharedfs.LockTimeout):
+            second.acquire()
+    with second:
+        assert second.is_locked
+
+
+def _hold(lock_file: Path, kind: str, node: str, **env: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock_file), kind], stdout=subprocess.PIPE, text=True,
+                            env=clean_env({"SHAREDFS_NODE_ID": node, **env}))
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_soft_lock_of_a_killed_holder_on_this_node_is_recovered_at_once(tmp_path: Path, fresh_runtime,
+                                                                         monkeypatch) -> None:
+    monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeA")
+    holder = _hold(tmp_path / "s.lock", "soft", "nodeA")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (tmp_path / "s.lock").exists()  # the marker outlived its holder
+    started = time.monotonic()
+    with sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=10):
+        waited = time.monotonic() - started
+    assert waited < 1.0
+
+
+def test_waiting_for_a_live_holder_on_another_node_names_it_and_how_to_clear(tmp_path: Path, fresh_runtime,
+                                                                             monkeypatch) -> None:
+    monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeB")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    holder = _hold(tmp_path / "s.lock", "soft", "nodeA", SLURM_JOB_ID="777", SLURM_STEP_ID="0")
+    try:
+        with pytest.raises(sharedfs.LockTimeout) as info:
+            sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=0.3).acquire()
+        message = str(info.value)
+        assert f"pid {holder.pid} on node nodeA, Slurm job 777.0" in message
+        assert f"rm -f {tmp_path}/s.lock {tmp_path}/s.lock.holder" in message
+        assert "within 0.3 s" in message and "SHAREDFS_WAIT_TIMEOUT" in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stuck_lease_holder_on_another_node_is_taken_over_after_the_lease(tmp_path: Path, fresh_runtime,
+                                                                            monkeypatch) -> None:
+    monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeB")
+    monkeypatch.setenv("SHAREDFS_LEASE_SECONDS", "1.5")
+    holder = _hold(tmp_path / "l.lock", "lease", "nodeA", SHAREDFS_LEASE_SECONDS="1.5")
+    holder.send_signal(signal.SIGSTOP)  # alive, but its heartbeat no longer runs
+    try:
+        started = time.monotonic()
+        with sharedfs.lock(tmp_path / "l.lock", kind="lease", timeout=20) as lock:
+            waited = time.monotonic() - started
+            assert lock.kind == "lease"
+        assert 1.0 <= waited < 6.0, waited
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_auto_chooses_flock_on_local_disk(tmp_path: Path, fresh_runtime) -> None:
+    lock = sharedfs.lock(tmp_path / "x.lock")
+    assert lock.kind == "flock" and "local" in lock.choice.reason
