@@ -19,7 +19,6 @@ Public API::
 
 import os as _os
 
-from ._version import __version__
 
 # In a source checkout (editable install, or PYTHONPATH pointing at the repo) the
 # ``plugins/`` and ``shims/`` directories sit beside this package instead of inside
@@ -31,6 +30,7 @@ if not _os.path.isdir(_os.path.join(_here, "plugins")):  # pragma: no branch
     __path__.append(_os.path.dirname(_here))  # noqa: F821 - __path__ exists in a package
 
 _LAZY = {
+    "__version__": "_version",
     "ConfigError": "errors",
     "LockTimeout": "errors",
     "SharedFSError": "errors",
@@ -48,7 +48,7 @@ _LAZY = {
     "main_process_first": "dist",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> object:  # PEP 562: import the API on first use

@@ -1,10 +1,14 @@
 """Every environment variable sharedfs reads, in one place.
 
-Stdlib-free on purpose: the bootstrap imports this module at interpreter start.
+``DISABLE`` and ``TRUE_VALUES`` are defined in the bootstrap (the only code that
+runs at interpreter start) and re-exported here.
 """
 
-#: ``1``/``true``/``yes``/``all``: install nothing.  ``datasets,wids``: block those shims.
-DISABLE = "SHAREDFS_DISABLE"
+from ._bootstrap import DISABLE, TRUE_VALUES
+
+__all__ = ["DISABLE", "TRUE_VALUES", "STRICT", "CONFIG", "LOCK", "CACHE", "CACHE_ROOT", "WAIT_TIMEOUT",
+           "LEASE_SECONDS", "MAX_WORKERS", "LOG", "NODE_ID"]
+
 #: ``1``: an internal error in a shim re-raises instead of being logged (CI uses it).
 STRICT = "SHAREDFS_STRICT"
 #: Path of a TOML policy file.
@@ -17,6 +21,3 @@ LEASE_SECONDS = "SHAREDFS_LEASE_SECONDS"
 MAX_WORKERS = "SHAREDFS_MAX_WORKERS"
 LOG = "SHAREDFS_LOG"
 NODE_ID = "SHAREDFS_NODE_ID"
-
-#: Values of ``SHAREDFS_DISABLE`` (and ``SHAREDFS_STRICT``) that mean "everything" / "on".
-TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pluggy
 import pytest
+from sharedfs.plugins import filesystem
 
-import sharedfs.plugins.filesystem as filesystem
 from sharedfs import hookspecs
 from sharedfs.fsinfo import (
     MAGIC,

@@ -1,9 +1,10 @@
 """The filesystem probe on real directories, with real faults.
 
-Lock faults are injected the way research/harness.md describes: an
-``LD_PRELOAD`` library that replaces libc's ``flock`` (Python's ``fcntl.flock``
-calls it) in the probe's worker processes, failing it with ENOSYS/ENOLCK,
-making it a no-op, or making it hang like a call to a dead NFS lock daemon.
+Faults are injected the way research/harness.md describes: an ``LD_PRELOAD``
+library that replaces libc's ``flock`` (Python's ``fcntl.flock`` calls it) in
+the probe's worker processes, failing it with ENOSYS/ENOLCK, making it a no-op,
+or making it hang like a call to a dead NFS lock daemon; and ``linkat``, made to
+hang like any call on a dead server.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ RESULT_KEYS = {"ok", "errno", "detail", "timed_out", "seconds"}
 
 FAKE_FLOCK_C = r"""
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* FAKE_FLOCK=ENOSYS (Lustre without -o flock), ENOLCK (NFS without lockd),
@@ -38,6 +41,23 @@ int flock(int fd, int op) {
     if (mode && strcmp(mode, "noop") == 0) return 0;
     errno = (mode && strcmp(mode, "ENOLCK") == 0) ? ENOLCK : ENOSYS;
     return -1;
+}
+
+/* FAKE_LINK=hang: link() never returns, like any call on a dead server.
+   os.link calls link() (linkat() when given dir_fd); otherwise pass through. */
+static void maybe_hang_link(void) {
+    const char *mode = getenv("FAKE_LINK");
+    if (mode && strcmp(mode, "hang") == 0) for (;;) pause();
+}
+
+int link(const char *oldpath, const char *newpath) {
+    maybe_hang_link();
+    return (int)syscall(SYS_linkat, AT_FDCWD, oldpath, AT_FDCWD, newpath, 0);
+}
+
+int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags) {
+    maybe_hang_link();
+    return (int)syscall(SYS_linkat, olddirfd, oldpath, newdirfd, newpath, flags);
 }
 """
 
@@ -95,8 +115,9 @@ def test_probe_reports_a_read_only_filesystem(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("mounting needs root")
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(tmp_path)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(tmp_path)], check=True, capture_output=True
+        )
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"cannot mount here: {exc}")
     try:
@@ -123,10 +144,12 @@ def test_probe_reports_a_directory_without_write_permission(tmp_path: Path) -> N
         src = str(Path(sharedfs.probe.__file__).resolve().parents[1])
         code = "import json, sys; from sharedfs.probe import probe; print(json.dumps(probe(sys.argv[1])))"
         run = subprocess.run(
-            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--",
-             sys.executable, "-c", code, str(locked)],
-            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src},
-        )  # fmt: skip
+            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c", code, str(locked)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": src},
+        )
         if run.returncode != 0:
             pytest.skip(f"setpriv could not drop capabilities: {run.stderr.strip()}")
         report = json.loads(run.stdout)
@@ -189,4 +212,21 @@ def test_probe_reports_a_hung_lock_call_and_still_runs_the_other_checks(
     assert all(results[name]["ok"] for name in CHECKS if not name.startswith("flock"))
     assert report["cleanup"]["ok"] and not os.path.exists(report["workdir"])
     assert report["seconds"] < 5.0
+    assert _leftover_processes(report["workdir"]) == []
+
+
+def test_probe_stops_when_the_filesystem_itself_hangs(
+    tmp_path: Path, fake_flock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LD_PRELOAD", fake_flock)
+    monkeypatch.setenv("FAKE_FLOCK", "noop")
+    monkeypatch.setenv("FAKE_LINK", "hang")
+    report = probe(tmp_path, timeout=1.0)
+    _assert_schema(report)
+    results = report["results"]
+    assert results["link"]["timed_out"]
+    for name in ("rename_replace", "fsync"):
+        assert results[name]["detail"] == "not run: the link check hung"
+    assert results["o_excl"]["ok"]
+    assert report["cleanup"]["ok"] and not os.path.exists(report["workdir"])
     assert _leftover_processes(report["workdir"]) == []

@@ -33,7 +33,7 @@ def test_plain_interpreter_loads_only_the_stdlib_bootstrap(datasets_venv: Venv) 
     assert {"sharedfs", "sharedfs._bootstrap"} <= loaded  # the .pth really ran
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
     assert {m for m in loaded if m.startswith("sharedfs")} == {
-        "sharedfs", "sharedfs._bootstrap", "sharedfs._version", "sharedfs.envvars"}
+        "sharedfs", "sharedfs._bootstrap"}
 
 
 def test_importing_datasets_loads_the_registry_and_patches_its_locks(datasets_venv: Venv) -> None:
@@ -59,7 +59,7 @@ def test_disable_installs_nothing(datasets_venv: Venv, value: str) -> None:
     code = ("import sys, json, datasets, datasets.builder as b;"
             "print(json.dumps([sorted(m for m in sys.modules if m.startswith('sharedfs')), b.FileLock.__module__]))")
     loaded, lock_module = json.loads(datasets_venv.run(code, env={"SHAREDFS_DISABLE": value}).stdout)
-    assert loaded == ["sharedfs", "sharedfs._bootstrap", "sharedfs._version", "sharedfs.envvars"]
+    assert loaded == ["sharedfs", "sharedfs._bootstrap"]
     assert lock_module == "datasets.utils._filelock"  # datasets' own class, untouched
 
 
