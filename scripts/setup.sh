@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install everything sharedfs's demo and tests need on a fresh Debian/Ubuntu machine:
+# system packages for the FUSE test filesystems, then a virtual environment with sharedfs
+# (editable) and the real frameworks it patches.  Idempotent; safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc)
+
+need_apt=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing system packages: ${need_apt[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    else
+        echo "setup: missing system packages ${need_apt[*]} (needs root: apt-get install ${need_apt[*]});" \
+             "FUSE scenarios will use the LD_PRELOAD fallback" >&2
+    fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.sharedfs-setup"
+want="$(cat pyproject.toml scripts/requirements-test.txt | sha1sum)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "setup: installing sharedfs and the test requirements into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' -r scripts/requirements-test.txt
+    echo "$want" > "$stamp"
+fi
