@@ -249,13 +249,19 @@ class _Shadow:
         self.doomed = False
 
 
-class _Handle:
-    """One FUSE open file: the backing fd plus its localflock mirror."""
+class _Retired(Exception):
+    """The shadow fd was retired (its file closed) before a lock call could use it."""
 
-    __slots__ = ("fd", "flock")
+
+class _Handle:
+    """One FUSE open file: the backing fd, its inode key, its flock mirror."""
+
+    __slots__ = ("fd", "inode", "flock")
 
     def __init__(self, fd: int) -> None:
+        st = os.fstat(fd)
         self.fd = fd
+        self.inode = f"{st.st_dev}-{st.st_ino}"  # locks follow the inode across renames/links
         self.flock: Optional[_Shadow] = None
 
 
@@ -362,10 +368,11 @@ class HostileOps:
                 pass
 
     def _new_handle(self, fd: int) -> int:
+        h = _Handle(fd)
         with self._mu:
             fh = self._next_handle
             self._next_handle += 1
-            self._handles[fh] = _Handle(fd)
+            self._handles[fh] = h
         return fh
 
     def _handle(self, fi: Any) -> _Handle:
@@ -384,13 +391,6 @@ class HostileOps:
             return _stat_dict(os.fstat(self._handle(fi).fd))
         self._check_visible(path)
         return _stat_dict(os.lstat(self._real(path)))
-
-    def access(self, path: str, amode: int) -> int:
-        self._meta()
-        self._check_visible(path)
-        if not os.access(self._real(path), amode):
-            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
-        return 0
 
     def readdir(self, path: str, fh: int) -> list[Any]:
         self._meta()
@@ -563,28 +563,31 @@ class HostileOps:
     # cmd, struct flock *)`` with ``fi.lock_owner`` identifying the process;
     # on every close() libfuse also calls ``lock(F_SETLK, F_UNLCK whole
     # file)`` for that owner, and on the last close of a flock'ed file it
-    # calls ``flock(LOCK_UN)`` before ``release``.
+    # calls ``flock(LOCK_UN)`` before ``release``.  Both end by retiring the
+    # shadow fd; a request still parked in a blocking wait on it (its caller
+    # was killed) closes it as soon as it returns, releasing what it got.
 
     def _refuse_lock(self, *args: Any) -> int:
         code = _LOCK_ERRNO[self.profile.locks]
         raise OSError(code, os.strerror(code))
 
-    def _shadow(self, node: str, fd: int) -> _Shadow:
-        """Open this node's shadow lock file for the inode behind ``fd``.
+    def _shadow(self, node: str, inode: str) -> _Shadow:
+        """Open ``node``'s shadow lock file for ``inode``.
 
-        Keyed by inode, not path, so renames and hard links keep one lock.
         Each node has its own shadow directory, hence no exclusion across
         nodes, while different handles of one node lock the same file.
         """
-        st = os.fstat(fd)
         node_dir = os.path.join(self.shadow_dir, node.encode().hex() or "00")
         os.makedirs(node_dir, exist_ok=True)
-        name = os.path.join(node_dir, f"{st.st_dev}-{st.st_ino}")
+        name = os.path.join(node_dir, inode)
         return _Shadow(os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
     @contextmanager
     def _using(self, shadow: _Shadow) -> Iterator[int]:
+        """Borrow ``shadow.fd`` for one lock call; _Retired if it was retired."""
         with self._mu:
+            if shadow.doomed:
+                raise _Retired()
             shadow.busy += 1
         try:
             yield shadow.fd
@@ -608,46 +611,59 @@ class HostileOps:
         if h.flock is None:
             if op & fcntl.LOCK_UN:
                 return 0
-            shadow = self._shadow(self._caller_node(), h.fd)
+            shadow = self._shadow(self._caller_node(), h.inode)
             with self._mu:
                 if h.flock is None:
                     h.flock, shadow = shadow, None
             if shadow is not None:  # another thread won the race
                 os.close(shadow.fd)
-        with self._using(h.flock) as fd:
-            # A blocking request blocks this worker thread, exactly where the
-            # caller waits; libfuse starts more workers for everyone else.
-            fcntl.flock(fd, op)
+        try:
+            with self._using(h.flock) as fd:
+                # A blocking request blocks this worker thread, exactly where
+                # the caller waits; libfuse starts more workers for the rest.
+                fcntl.flock(fd, op)
+        except _Retired:  # the file was released meanwhile
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF)) from None
         return 0
+
+    def _posix_shadow(self, key: tuple[str, int], create: bool) -> Optional[_Shadow]:
+        with self._mu:
+            shadow = self._posix.get(key)
+        if shadow is None and create:
+            new = self._shadow(self._caller_node(), key[0])
+            with self._mu:
+                shadow = self._posix.setdefault(key, new)
+            if shadow is not new:  # another thread of the owner was quicker
+                os.close(new.fd)
+        return shadow
 
     def lock(self, path: Optional[str], fi: Any, cmd: int, lockp: Any) -> int:  # localflock
         lk = lockp.contents
-        h = self._handle(fi)
-        st = os.fstat(h.fd)
-        key = (f"{st.st_dev}-{st.st_ino}", fi.lock_owner)
-        with self._mu:
-            shadow = self._posix.get(key)
-        if lk.l_type == fcntl.F_UNLCK and cmd != fcntl.F_GETLK:
-            if shadow is None:
-                return 0
-            if lk.l_start == 0 and lk.l_len == 0:  # whole file, e.g. on close()
-                with self._mu:
-                    self._posix.pop(key, None)
-                self._discard(shadow)
-                return 0
-        elif shadow is None:
-            new = self._shadow(self._caller_node(), h.fd)
+        key = (self._handle(fi).inode, fi.lock_owner)  # the owner is the calling process
+        unlock = lk.l_type == fcntl.F_UNLCK and cmd != fcntl.F_GETLK
+        if unlock and lk.l_start == 0 and lk.l_len == 0:
+            # Whole file, as libfuse sends on every close(): retire the fd,
+            # which drops all of this owner's locks on the file at once.
             with self._mu:
-                shadow = self._posix.setdefault(key, new)
-            if shadow is not new:
-                os.close(new.fd)
+                shadow = self._posix.pop(key, None)
+            if shadow is not None:
+                self._discard(shadow)
+            return 0
         # OFD locks on the shadow fd: owned by that fd, not by this server
         # process, so the mirrors of two callers really conflict.
         ofd = {fcntl.F_GETLK: fcntl.F_OFD_GETLK, fcntl.F_SETLK: fcntl.F_OFD_SETLK,
                fcntl.F_SETLKW: fcntl.F_OFD_SETLKW}[cmd]
         arg = _FLOCK.pack(lk.l_type, os.SEEK_SET, lk.l_start, lk.l_len, 0)
-        with self._using(shadow) as fd:
-            res = fcntl.fcntl(fd, ofd, arg)
+        while True:
+            shadow = self._posix_shadow(key, create=not unlock)
+            if shadow is None:  # unlocking a range nothing was locked in
+                return 0
+            try:
+                with self._using(shadow) as fd:
+                    res = fcntl.fcntl(fd, ofd, arg)
+                break
+            except _Retired:  # a close() in another thread retired it: start afresh
+                continue
         if cmd == fcntl.F_GETLK:
             l_type, _, start, length, _ = _FLOCK.unpack(res)
             lk.l_type = l_type
@@ -661,11 +677,23 @@ class HostileOps:
 # --------------------------------------------------------------------------
 
 
-def _exit_when_orphaned(mountpoint: str, poll_s: float = 0.5) -> None:
-    """Unmount and exit once the process that started us is gone.
+def _may_allow_other() -> bool:
+    """``allow_other`` needs root, or ``user_allow_other`` in /etc/fuse.conf."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open("/etc/fuse.conf", encoding="utf-8") as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def _exit_when_orphaned(mountpoint: str, state_dir: str, poll_s: float = 0.5) -> None:
+    """Unmount, clean up and exit once the process that started us is gone.
 
     Protects against stale mounts when a test run is killed: SIGTERM makes
     libfuse leave its loop and unmount; lazy unmount + exit is the fallback.
+    Nobody is left to remove ``state_dir``, so we do.
     """
     parent = os.getppid()
 
@@ -675,9 +703,11 @@ def _exit_when_orphaned(mountpoint: str, poll_s: float = 0.5) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
         while os.getppid() == parent:
             time.sleep(poll_s)
+        atexit.register(shutil.rmtree, state_dir, ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
+        time.sleep(5)  # a worker stuck in a lock wait keeps libfuse from exiting
         _detach(mountpoint)
+        shutil.rmtree(state_dir, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
@@ -691,13 +721,14 @@ def serve(
     lag_ms: float = 2000,
     latency_ms: float = 0,
     debug: bool = False,
+    state_dir: Optional[str] = None,
     exit_with_parent: bool = False,
-    shadow_dir: Optional[str] = None,
 ) -> int:
     """Mount and serve in the foreground until unmounted or signalled.
 
-    ``shadow_dir`` holds localflock's per-node lock files (a private temp
-    dir, removed at exit, when not given).
+    ``state_dir`` receives localflock's per-node shadow lock files (under
+    ``locks/``); without it a private temporary directory is used and
+    removed at exit.  ``exit_with_parent`` unmounts when the parent dies.
     """
     prof = parse_profile(profile)
     try:
@@ -705,38 +736,46 @@ def serve(
     except ImportError:
         print("hostilefs: mfusepy is not installed: pip install mfusepy", file=sys.stderr)
         return 3
-    except OSError as exc:  # mfusepy raises this when it finds no libfuse
-        print(f"hostilefs: {exc}: apt-get install libfuse2 (or libfuse3-3)", file=sys.stderr)
+    except OSError as exc:  # mfusepy cannot find or load libfuse
+        print(f"hostilefs: cannot load libfuse ({exc}): apt-get install libfuse2 (or libfuse3-3)",
+              file=sys.stderr)
         return 3
 
     os.umask(0)  # the kernel already applied the caller's umask to modes
-    own_shadow_dir = shadow_dir is None
-    if shadow_dir is None:
-        shadow_dir = tempfile.mkdtemp(prefix="hostilefs-locks-")
+    own_state_dir = state_dir is None
+    if state_dir is None:
+        state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
-                     shadow_dir=shadow_dir, context=mfusepy.fuse_get_context)
+                     shadow_dir=os.path.join(state_dir, "locks"), context=mfusepy.fuse_get_context)
     options: dict[str, Any] = dict(
         _MOUNT_OPTIONS,
         foreground=True,
         nothreads=False,  # blocking lock requests park a worker thread each
-        allow_other=True,  # other uids (tests dropping privileges) may use it
-        default_permissions=True,  # the kernel checks modes, like a real fs
+        allow_other=_may_allow_other(),  # other uids (tests dropping privileges) may use it
+        default_permissions=True,  # the kernel checks modes (no FUSE_ACCESS), like a real fs
         fsname=f"hostilefs-{prof.name}",
         subtype="hostilefs",
         use_ino=True,
         debug=debug,
     )
     if mfusepy.fuse_version_major >= 3:
-        # libfuse3 caps its worker pool at 10 threads by default; more than
-        # that many callers blocked in locks would stall the whole mount.
+        # libfuse3 caps its worker pool at 10 threads by default, and 10
+        # callers blocked in lock waits would stall the whole mount.  (3.14
+        # also prints a harmless "Ignoring invalid max threads value".)
         options["max_threads"] = 256
     if exit_with_parent:
-        _exit_when_orphaned(mountpoint)
+        _exit_when_orphaned(mountpoint, state_dir)
     try:
         mfusepy.FUSE(ops, mountpoint, raw_fi=True, **options)
+    except RuntimeError as exc:
+        # libfuse3 records the signal that ended the loop as a session error,
+        # so fuse_main() reports a plain SIGTERM stop as 8 ("event loop
+        # error"); mount failures use other codes.
+        if not (mfusepy.fuse_version_major >= 3 and exc.args == (8,)):
+            raise
     finally:
-        if own_shadow_dir:
-            shutil.rmtree(shadow_dir, ignore_errors=True)
+        if own_state_dir:
+            shutil.rmtree(state_dir, ignore_errors=True)
     return 0
 
 
@@ -746,8 +785,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--lag-ms", type=float, default=2000, help="visibility lag of the lagging profile")
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every metadata operation")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
-    parser.add_argument("--exit-with-parent", action="store_true", help="unmount when the parent process dies")
-    parser.add_argument("--shadow-dir", help="where localflock keeps its per-node lock files")
+    parser.add_argument("--state-dir", help="directory for lock shadow files (default: private temp dir)")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="unmount (and remove --state-dir) when the parent process dies")
     parser.add_argument("backing")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
@@ -755,9 +795,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parse_profile(args.profile)
     except ValueError as exc:
         parser.error(str(exc))
-    return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms,
-                 latency_ms=args.latency_ms, debug=args.debug, exit_with_parent=args.exit_with_parent,
-                 shadow_dir=args.shadow_dir)
+    return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms, latency_ms=args.latency_ms,
+                 debug=args.debug, state_dir=args.state_dir, exit_with_parent=args.exit_with_parent)
 
 
 # --------------------------------------------------------------------------
@@ -846,8 +885,8 @@ def _classify_failure(log: str, returncode: int) -> Exception:
     lowered = text.lower()
     if "mfusepy is not installed" in lowered or "no module named 'mfusepy'" in lowered:
         return FuseUnavailable("mfusepy is not installed: pip install mfusepy")
-    if "libfuse" in lowered and ("unable to find" in lowered or "not found" in lowered):
-        return FuseUnavailable("libfuse not found: apt-get install libfuse2 (or libfuse3-3)")
+    if "cannot load libfuse" in lowered or "unable to find libfuse" in lowered:
+        return FuseUnavailable(f"libfuse unusable: {text}")
     if "device not found" in lowered or "/dev/fuse" in lowered:
         return FuseUnavailable(f"FUSE device unusable: {text}")
     if "not permitted" in lowered or "permission denied" in lowered or "fusermount" in lowered:
@@ -874,7 +913,7 @@ class HostileMount:
         self.lag_ms = lag_ms
         self.latency_ms = latency_ms
         self.process = process
-        self._state_dir = state_dir  # server log + localflock shadow files
+        self.state_dir = state_dir  # server.log + localflock shadow files; removed on unmount
         self._log_text: Optional[str] = None
         self._closed = False
 
@@ -897,7 +936,7 @@ class HostileMount:
         if self._log_text is not None:
             return self._log_text
         try:
-            with open(os.path.join(self._state_dir, "server.log"), encoding="utf-8", errors="replace") as f:
+            with open(os.path.join(self.state_dir, "server.log"), encoding="utf-8", errors="replace") as f:
                 return f.read()
         except OSError:
             return ""
@@ -931,7 +970,7 @@ class HostileMount:
                 _detach(self.path)
         finally:
             self._log_text = self.log()
-            shutil.rmtree(self._state_dir, ignore_errors=True)
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def mount(
@@ -967,8 +1006,7 @@ def mount(
 
     state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     cmd = [sys.executable, str(_SCRIPT), "--profile", profile, "--lag-ms", str(lag_ms),
-           "--latency-ms", str(latency_ms), "--exit-with-parent",
-           "--shadow-dir", os.path.join(state_dir, "locks")]
+           "--latency-ms", str(latency_ms), "--state-dir", state_dir, "--exit-with-parent"]
     if debug:
         cmd.append("--debug")
     cmd += [str(backing_p), str(mnt)]
