@@ -140,6 +140,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- doctor -------------------------------------------------------------------------------------
 
 
+#: What users see from their tools when a probe fails with this errno (failures.md section 1).
+SYMPTOMS = {
+    "ENOSYS": "filelock < 3.24 and datasets raise \"FileSystem does not appear to support flock\"",
+    "ENOLCK": "filelock, datasets and wids raise \"[Errno 37] No locks available\" (no filelock release falls back)",
+}
+
+
 def doctor_report(path: str) -> dict[str, Any]:
     from . import runtime
     from .probe import probe
@@ -149,19 +156,36 @@ def doctor_report(path: str) -> dict[str, Any]:
     current = runtime.policy()
     choice = runtime.choose_lock(os.path.join(path, ".sharedfs-doctor.lock"), current)
     probes = probe(path)
-    warnings = list(fs.notes) if fs.kind == "unknown" or fs.flock != "coherent" else []
-    if fs.shared and fs.flock == "node-local":
-        warnings.append("flock here excludes only processes on the same node: tools that trust it "
-                        "(filelock, datasets, wids) can corrupt data; sharedfs uses "
-                        f"a {choice.kind} lock instead")
     return {
         "path": path,
         "filesystem": fs.as_dict(),
         "probes": probes,
         "lock": {"kind": choice.kind, "reason": choice.reason},
         "cache": {"mode": current.cache, "source": current.source("cache")},
-        "warnings": warnings,
+        "warnings": _doctor_warnings(fs, probes, choice.kind),
     }
+
+
+def _doctor_warnings(fs: Any, probes: dict[str, Any], lock_kind: str) -> list[str]:
+    """Plain-language warnings from what the probes observed, then from what the classification knows."""
+    warnings = []
+    if not probes.get("writable", True):
+        warnings.append(f"not writable here ({probes.get('error')}): sharedfs cannot place locks or caches here")
+    results = probes.get("results", {})
+    flock = results.get("flock", {})
+    if flock.get("errno"):
+        symptom = SYMPTOMS.get(flock["errno"], "tools that rely on flock fail here")
+        warnings.append(f"flock fails here with {flock['errno']}: {symptom}; sharedfs uses a {lock_kind} lock")
+    elif flock.get("ok") and fs.shared and fs.flock != "coherent":
+        warnings.append("flock succeeds here but excludes only processes on the same node (it cannot be seen "
+                        "from one node: run `srun -N 2 sharedfs doctor --cross-node PATH` to check); tools that "
+                        f"trust it (filelock, datasets, wids) can corrupt shared caches; sharedfs uses a {lock_kind} lock")
+    if results.get("o_excl", {}).get("ok") is False:
+        warnings.append("O_EXCL create is not exclusive here: existence (soft) locks are unsafe; use a lease "
+                        "(SHAREDFS_LOCK=lease) or keep caches on node-local storage (SHAREDFS_CACHE=node-local)")
+    if fs.kind == "unknown":
+        warnings.append(f"unknown filesystem {fs.mount.fstype!r}: treated as shared with no trustworthy lock")
+    return warnings
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -183,14 +207,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  options    : {mount.get('raw_options') or '-'}")
         print(f"  flock      : {fs['flock']}{' (' + fs['flock_errno'] + ')' if fs.get('flock_errno') else ''}; "
               f"POSIX locks: {fs['posix']}; O_EXCL atomic: {'yes' if fs['o_excl_atomic'] else 'no'}")
-        probes = report["probes"]
-        results = probes.get("results", probes) if isinstance(probes, dict) else {}
-        for name, result in results.items():
-            if isinstance(result, dict) and "ok" in result:
-                mark = "ok  " if result["ok"] else "FAIL"
-                print(f"  probe {name:<14} {mark} {result.get('detail', '')}")
+        for name, result in report["probes"].get("results", {}).items():
+            mark = "ok  " if result["ok"] else "FAIL"
+            print(f"  probe {name:<14} {mark} {result.get('detail', '')}")
         print(f"  lock       : {report['lock']['kind']} ({report['lock']['reason']})")
         print(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
+        for note in fs["notes"]:
+            print(f"  note       : {note}")
         for warning in report["warnings"]:
             print(f"  warning    : {warning}")
         print()
