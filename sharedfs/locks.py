@@ -39,10 +39,13 @@ from .errors import LockTimeout
 from .policy import LockChoice, Policy
 
 HOLDER_SUFFIX = ".holder"
-#: Polling starts fast (an uncontended handover is quick) and backs off to this, with jitter
-#: so that many ranks released by the same event do not hit the metadata server in step.
-MAX_POLL = 0.25
+#: A waiter's pause doubles from MIN_POLL up to MAX_POLL, with jitter so ranks released by one
+#: event do not hit the metadata server in step: a quick hand-over is seen within milliseconds,
+#: and 512 ranks waiting out an hour-long dataset preparation cost ~512 lookups/s, not 10,000.
 MIN_POLL = 0.002
+MAX_POLL = 1.0
+#: errnos meaning "this filesystem has no such lock": Lustre without -o flock, NFS without lockd.
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
 #: Existence locks outlive a killed holder, so only they carry a holder record.
 RECORDED_KINDS = ("soft", "lease")
 #: A waiter says who it waits for after REPORT_AFTER seconds, then every REPORT_EVERY.
@@ -93,6 +96,19 @@ def process_start_time(pid: int) -> str | None:
         return f"{boot}:{fields[19]}"
     except (OSError, IndexError):
         return None
+
+
+_process: tuple[int, str | None, str] | None = None
+
+
+def _this_process() -> tuple[int, str | None, str]:
+    """(pid, start time, host name) of this process, computed once per pid (a fork gets its own)."""
+    global _process
+    if _process is None or _process[0] != os.getpid():
+        import socket
+
+        _process = (os.getpid(), process_start_time(os.getpid()), socket.gethostname())
+    return _process
 
 
 class _PosixLock:
@@ -164,11 +180,25 @@ class _FileLockAdapter:
         self.inner.release()
 
 
+def marker_path(lock_file: str, kind: str) -> str:
+    """The file a lock of ``kind`` uses for ``lock_file``.
+
+    Native locks use the lock file itself (as filelock and every framework do).
+    Existence locks get their own name: a native lock file stays on disk after
+    release, so an existence lock on the same name would be "held" forever by
+    the first process that ever used flock there (a process without sharedfs, a
+    ``python -S`` wrapper, or a flock attempt that failed with ENOSYS).
+    """
+    return lock_file if kind in ("flock", "posix") else f"{lock_file}.{kind}"
+
+
 def _backend(kind: str, lock_file: str, policy: Policy, mode: int) -> Any:
     if kind == "posix":
         return _PosixLock(lock_file, mode)
     if kind == "flock":
-        return _FileLockAdapter(filelock.UnixFileLock(lock_file, mode=mode))
+        # No silent fallback inside filelock: SharedLock handles a missing flock itself (ENOLCK
+        # too, which filelock never falls back on) and remembers it for the whole mount.
+        return _FileLockAdapter(filelock.UnixFileLock(lock_file, mode=mode, fallback_to_soft=False))
     if kind == "soft":
         return _FileLockAdapter(filelock.SoftFileLock(lock_file, mode=mode))
     if kind == "lease":
@@ -187,12 +217,17 @@ class SharedLock:
     def __init__(self, lock_file: str, choice: LockChoice, policy: Policy, *,
                  timeout: float | None = None, mode: int = 0o644) -> None:
         self.lock_file = os.path.abspath(os.fspath(lock_file))
-        self.choice = choice
         self.policy = policy
         self.timeout = policy.wait_timeout if timeout is None else timeout
-        self._backend = _backend(choice.kind, self.lock_file, policy, mode)
+        self._mode = mode
+        self._use(choice)
         self._count = 0
         self._record: HolderRecord | None = None
+
+    def _use(self, choice: LockChoice) -> None:
+        self.choice = choice
+        self.marker = marker_path(self.lock_file, choice.kind)
+        self._backend = _backend(choice.kind, self.marker, self.policy, self._mode)
 
     @property
     def kind(self) -> str:
@@ -208,12 +243,18 @@ class SharedLock:
             return self
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout < 0 else time.monotonic() + timeout
-        delay = MIN_POLL
         started = time.monotonic()
+        delay = MIN_POLL
         next_report = started + REPORT_AFTER
         while True:
-            if self._backend.try_acquire():
-                break
+            try:
+                if self._backend.try_acquire():
+                    break
+            except OSError as exc:
+                if exc.errno not in NO_LOCKS or self.kind not in ("flock", "posix"):
+                    raise
+                self._fall_back(exc)
+                continue
             self._maybe_break_stale()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -222,9 +263,9 @@ class SharedLock:
                 log.warning("still waiting for %s after %.0f s: %s", self.lock_file, now - started,
                             self._holder_text())
                 next_report = now + REPORT_EVERY
-            pause = min(delay * random.uniform(0.5, 1.5), MAX_POLL)
+            pause = delay * random.uniform(0.5, 1.5)
             if deadline is not None:
-                pause = max(0.0, min(pause, deadline - time.monotonic()))
+                pause = max(0.0, min(pause, deadline - now))
             time.sleep(pause)
             delay = min(delay * 2, MAX_POLL)
         self._count = 1
@@ -258,15 +299,24 @@ class SharedLock:
     def __repr__(self) -> str:
         return f"<sharedfs.SharedLock {self.lock_file} kind={self.kind} locked={self.is_locked}>"
 
+    def _fall_back(self, exc: OSError) -> None:
+        """The filesystem refused a native lock (the classification was wrong, or a lockd died):
+        use an existence lock from now on, for this lock and every later one on the same mount."""
+        from . import runtime
+
+        failed = f"{self.kind} failed with {errno.errorcode.get(exc.errno, exc.errno)}"
+        runtime.native_locks_failed(self.lock_file, failed)
+        self._use(LockChoice("soft", f"{failed} on this filesystem; using an existence lock"))
+        log.warning("%s at %s; sharedfs switched this filesystem to existence (soft) locks", failed, self.lock_file)
+
     # -- holder records ----------------------------------------------------------------------
 
     def _write_record(self) -> HolderRecord:
-        import socket
-
-        st = os.stat(self.lock_file)
+        st = os.stat(self.marker)
+        pid, start_time, host = _this_process()
         record = HolderRecord(
-            node=self.policy.node_id, pid=os.getpid(), start_time=process_start_time(os.getpid()),
-            host=socket.gethostname(), acquired_at=time.time(), kind=self.kind,
+            node=self.policy.node_id, pid=pid, start_time=start_time,
+            host=host, acquired_at=time.time(), kind=self.kind,
             slurm_job=os.environ.get("SLURM_JOB_ID"), slurm_step=os.environ.get("SLURM_STEP_ID"), marker=(st.st_ino, st.st_ctime_ns),
         )
         # One create-and-write, no temp + rename: this runs on every acquire, and a reader
@@ -291,7 +341,7 @@ class SharedLock:
             return
         # Breakers take turns, and each re-checks that the marker is still the dead holder's
         # (same inode and change time): a successor's fresh marker must never be unlinked.
-        breaker = filelock.SoftFileLock(self.lock_file + ".break")
+        breaker = filelock.SoftFileLock(self.marker + ".break")
         try:
             breaker.acquire(timeout=0)
         except filelock.Timeout:
@@ -299,10 +349,10 @@ class SharedLock:
         try:
             if HolderRecord.read(self.lock_file) != record:
                 return
-            st = os.stat(self.lock_file)
+            st = os.stat(self.marker)
             if (st.st_ino, st.st_ctime_ns) != record.marker:
                 return
-            _unlink_quietly(self.lock_file)
+            _unlink_quietly(self.marker)
             _unlink_quietly(self.lock_file + HOLDER_SUFFIX)
             from .log import decision
 
@@ -321,9 +371,10 @@ class SharedLock:
     def _timeout_message(self, timeout: float) -> str:
         record = HolderRecord.read(self.lock_file)
         holder = record.describe() if record else "a holder that left no record"
-        clear = f"rm -f {self.lock_file} {self.lock_file}{HOLDER_SUFFIX}"
+        clear = f"rm -f {self.marker} {self.lock_file}{HOLDER_SUFFIX}"
         if self.kind in RECORDED_KINDS:
-            hint = f"If that process is gone (a killed or finished job), clear the lock with: {clear}"
+            hint = _scheduler_note(record, self.policy) + \
+                f"If that process is gone (a killed or finished job), clear the lock with: {clear}"
         else:
             holder = "a live process (the kernel drops the flock/POSIX locks of dead ones)"
             hint = f"Find it with `fuser -v {self.lock_file}` on each node."
@@ -345,6 +396,21 @@ def lock(path: str | os.PathLike[str], timeout: float | None = None, *, kind: st
     lock_file = os.path.abspath(os.fspath(path))
     current = runtime.policy(lock=kind) if kind else runtime.policy()
     return SharedLock(lock_file, runtime.choose_lock(lock_file, current), current, timeout=timeout, mode=mode)
+
+
+def _scheduler_note(record: HolderRecord | None, policy: Policy) -> str:
+    """Why a holder on another node that names a Slurm job was not declared dead (empty when not asked)."""
+    if record is None or not record.slurm_job or record.node == policy.node_id:
+        return ""
+    from .runtime import registry
+
+    alive = registry().holder_alive(record, policy)
+    if alive is None:
+        return (f"Slurm could not be asked whether job {record.slurm_job} still runs (squeue/scontrol missing or "
+                "not answering, or the slurm plugin is off), so the lock was waited out instead of broken. ")
+    if alive:
+        return f"Slurm reports job {record.slurm_job} as still active. "
+    return ""
 
 
 def _unlink_quietly(path: str) -> None:

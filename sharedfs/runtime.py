@@ -190,9 +190,22 @@ def describe_filesystem(path: str) -> Any:
     return info
 
 
+#: Mounts where a native lock failed at run time (ENOSYS/ENOLCK), with what failed.
+_native_locks_failed: dict[tuple[int, str], str] = {}
+
+
+def native_locks_failed(lock_file: str, what: str) -> None:
+    """Remember that native locks fail on ``lock_file``'s mount, whatever its classification said."""
+    fs = describe_filesystem(os.path.dirname(lock_file) or ".")
+    _native_locks_failed[(fs.mount.mount_id, fs.mount.mount_point)] = what
+
+
 def choose_lock(lock_file: str, current: Policy) -> LockChoice:
     """Ask the plugins which lock kind ``lock_file`` needs; say so once per mount and kind."""
     fs = describe_filesystem(os.path.dirname(lock_file) or ".")
+    failed = _native_locks_failed.get((fs.mount.mount_id, fs.mount.mount_point))
+    if failed and current.lock in ("auto", "flock", "posix"):
+        return LockChoice("soft", f"{failed} earlier on {fs.mount.mount_point}; using an existence lock")
     choice = registry().choose_lock(lock_file, fs, current)
     decision(f"locks under {fs.mount.mount_point} -> {choice.kind}: {choice.reason}")
     return choice

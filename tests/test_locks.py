@@ -35,8 +35,8 @@ def test_every_kind_excludes_across_processes(tmp_path: Path, kind: str) -> None
 def test_lock_is_reentrant_and_reports_its_kind(tmp_path: Path, fresh_runtime) -> None:
     lock = sharedfs.lock(tmp_path / "a.lock", kind="soft")
     with lock, lock:
-        assert lock.is_locked and (tmp_path / "a.lock.holder").exists()
-    assert not lock.is_locked and not (tmp_path / "a.lock").exists()
+        assert lock.is_locked and (tmp_path / "a.lock.holder").exists() and (tmp_path / "a.lock.soft").exists()
+    assert not lock.is_locked and not (tmp_path / "a.lock.soft").exists()
     assert not (tmp_path / "a.lock.holder").exists()
 
 
@@ -63,7 +63,7 @@ def test_soft_lock_of_a_killed_holder_on_this_node_is_recovered_at_once(tmp_path
     holder = _hold(tmp_path / "s.lock", "soft", "nodeA")
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert (tmp_path / "s.lock").exists()  # the marker outlived its holder
+    assert (tmp_path / "s.lock.soft").exists()  # the marker outlived its holder
     started = time.monotonic()
     with sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=10):
         waited = time.monotonic() - started
@@ -80,7 +80,7 @@ def test_waiting_for_a_live_holder_on_another_node_names_it_and_how_to_clear(tmp
             sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=0.3).acquire()
         message = str(info.value)
         assert f"pid {holder.pid} on node nodeA, Slurm job 777.0" in message
-        assert f"rm -f {tmp_path}/s.lock {tmp_path}/s.lock.holder" in message
+        assert f"rm -f {tmp_path}/s.lock.soft {tmp_path}/s.lock.holder" in message
         assert "within 0.3 s" in message and "SHAREDFS_WAIT_TIMEOUT" in message
     finally:
         holder.kill()
@@ -107,3 +107,31 @@ def test_a_stuck_lease_holder_on_another_node_is_taken_over_after_the_lease(tmp_
 def test_auto_chooses_flock_on_local_disk(tmp_path: Path, fresh_runtime) -> None:
     lock = sharedfs.lock(tmp_path / "x.lock")
     assert lock.kind == "flock" and "local" in lock.choice.reason
+
+
+def test_an_existence_lock_is_not_blocked_by_a_leftover_native_lock_file(tmp_path: Path, fresh_runtime) -> None:
+    (tmp_path / "d.lock").write_text("")  # left by filelock.FileLock, which never deletes its file
+    with sharedfs.lock(tmp_path / "d.lock", kind="soft", timeout=1) as lock:
+        assert lock.marker == f"{tmp_path}/d.lock.soft"
+
+
+FALLBACK = """
+import sys, sharedfs
+first = sharedfs.lock(sys.argv[1] + "/a.lock")
+with first:
+    print(first.kind)
+print(sharedfs.lock(sys.argv[1] + "/b.lock").kind)
+"""
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSYS", "ENOLCK"])
+def test_a_native_lock_refused_at_run_time_falls_back_for_the_whole_mount(tmp_path: Path, errno_name: str) -> None:
+    # The classification says "local ext4, flock works"; the kernel says otherwise (a
+    # mislabelled mount, or lockd died): the job must go on, and say what happened.
+    from sharedfs.testing.preload import preload_env
+
+    env = preload_env([str(tmp_path)], errno_name, base=clean_env())
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["soft", "soft"]
+    assert f"flock failed with {errno_name} at {tmp_path}/a.lock; sharedfs switched this filesystem" in proc.stderr
