@@ -24,12 +24,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_doctor = sub.add_parser("doctor", help="probe paths: filesystem, locks, and what sharedfs will do there")
     p_doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH")
     p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    p_doctor.add_argument("--cross-node", action="store_true",
+                          help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
+    p_doctor.add_argument("--timeout", type=float, default=30.0, help="--cross-node: seconds to wait for other nodes")
     p_doctor.set_defaults(func=cmd_doctor)
+
+    p_cleanup = sub.add_parser("cleanup", help="remove one job's node-local directories on this node (for epilogs)")
+    p_cleanup.add_argument("--job", required=True, help="the job id (e.g. $SLURM_JOB_ID)")
+    p_cleanup.add_argument("--uid", type=int, default=None, help="the job's user (default $SLURM_JOB_UID, else you)")
+    p_cleanup.add_argument("--root", default=None, help="node-local root (default: the policy's)")
+    p_cleanup.add_argument("--force", action="store_true", help="remove even while processes of the job use it")
+    p_cleanup.add_argument("--json", action="store_true", help="machine-readable output")
+    p_cleanup.set_defaults(func=cmd_cleanup)
 
     p_env = sub.add_parser("env", help="print the environment a batch script should export for this policy")
     p_env.add_argument("--shell", choices=("bash", "fish"), default="bash")
     p_env.add_argument("--json", action="store_true", help="machine-readable output")
     p_env.set_defaults(func=cmd_env)
+
+    p_demo = sub.add_parser("demo", help="reproduce the cluster filesystem failures here, then fix them")
+    p_demo.add_argument("--json", action="store_true", help="machine-readable output (progress goes to stderr)")
+    p_demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
+    p_demo.add_argument("--only", action="append", metavar="TEXT", help="run the scenarios whose name contains TEXT")
+    p_demo.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
@@ -189,6 +206,8 @@ def _doctor_warnings(fs: Any, probes: dict[str, Any], lock_kind: str) -> list[st
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.cross_node:
+        return cmd_doctor_cross_node(args)
     reports = []
     for path in args.paths:
         if not os.path.exists(path):
@@ -218,6 +237,43 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  warning    : {warning}")
         print()
     return 0
+
+
+def cmd_doctor_cross_node(args: argparse.Namespace) -> int:
+    from .crossnode import CrossNodeError, format_report, run
+
+    if len(args.paths) != 1:
+        print("sharedfs doctor --cross-node: give exactly one shared directory", file=sys.stderr)
+        return 2
+    try:
+        report = run(args.paths[0], timeout=args.timeout)
+    except CrossNodeError as exc:
+        print(f"sharedfs doctor --cross-node: {exc}", file=sys.stderr)
+        return 2
+    # One compact line per task: srun merges every task's output into one stream.
+    print(json.dumps(report, sort_keys=True) if args.json else format_report(report), flush=True)
+    return 0
+
+
+# -- cleanup ------------------------------------------------------------------------------------
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from .cleanup import JobCleanupError, cleanup_job
+
+    try:
+        report = cleanup_job(args.job, uid=args.uid, root=args.root, force=args.force)
+    except JobCleanupError as exc:
+        print(f"sharedfs cleanup: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for path in report["removed"]:
+            print(f"removed {path}")
+        if report["skipped"]:
+            print(report["skipped"])
+    return 1 if report["live"] and not report["removed"] else 0
 
 
 # -- env ----------------------------------------------------------------------------------------
@@ -257,6 +313,12 @@ def cmd_env(args: argparse.Namespace) -> int:
         else:
             print(f"export {key}={shlex.quote(value)}")
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
 
 
 if __name__ == "__main__":  # pragma: no cover
