@@ -289,8 +289,7 @@ def env_exports() -> dict[str, str]:
     for setting in SETTINGS:
         value = getattr(current, setting.name)
         if current.source(setting.name) != "default" and value not in (None, ()):
-            exports[setting.env] = ",".join(value) if isinstance(value, tuple) else str(value).lower() \
-                if isinstance(value, bool) else str(value)
+            exports[setting.env] = _env_text(value)
     for framework, variable in (("datasets", "HF_DATASETS_CACHE"), ("webdataset", "WDS_CACHE"), ("wids", "WIDS_CACHE")):
         if variable in os.environ:
             continue  # the user's own choice wins
@@ -298,6 +297,15 @@ def env_exports() -> dict[str, str]:
         if placed:
             exports[variable] = placed
     return exports
+
+
+def _env_text(value: Any) -> str:
+    """A policy value as its environment variable spells it."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
