@@ -111,23 +111,31 @@ def _this_process() -> tuple[int, str | None, str]:
     return _process
 
 
-class _PosixLock:
-    """An exclusive ``fcntl`` (POSIX byte-range) lock on the whole file.
+class _FcntlLock:
+    """An exclusive ``flock`` or POSIX (``fcntl``) lock on the whole file.
 
-    POSIX locks belong to the *process*: a second fd in the same process "gets"
-    the lock too, and closing any fd of the file drops it.  A process-wide
-    threading lock per path restores exclusion between threads of one process.
+    filelock has no POSIX lock (GPFS needs one: granite.build#322), and before 3.30 its
+    flock lock mistakes ENOLCK for contention and waits forever; this small class serves
+    both.  POSIX locks belong to the *process*: a second fd in the same process "gets" the
+    lock too, and closing any fd of the file drops it, so a process-wide threading lock per
+    path restores exclusion between threads.
     """
 
     _in_process: dict[str, threading.Lock] = {}
     _table_lock = threading.Lock()
 
-    def __init__(self, lock_file: str, mode: int) -> None:
+    def __init__(self, lock_file: str, mode: int, how: str) -> None:
         self.lock_file = lock_file
         self.mode = mode
+        self.how = how
         self._fd: int | None = None
         with self._table_lock:
             self._thread_lock = self._in_process.setdefault(os.path.realpath(lock_file), threading.Lock())
+
+    def _lock(self, fd: int, op: int) -> None:
+        import fcntl
+
+        (fcntl.flock if self.how == "flock" else fcntl.lockf)(fd, op)
 
     def try_acquire(self) -> bool:
         import fcntl
@@ -140,11 +148,15 @@ class _PosixLock:
             self._thread_lock.release()
             raise
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Locked an inode someone unlinked or replaced (wids unlinks its lock files,
+            # webdataset#386): that lock excludes nobody, so let go and try again.
+            if os.fstat(fd).st_ino != os.stat(self.lock_file).st_ino:
+                raise BlockingIOError(errno.EAGAIN, "lock file replaced")
         except OSError as exc:
             os.close(fd)
             self._thread_lock.release()
-            if exc.errno in (errno.EACCES, errno.EAGAIN):
+            if exc.errno in (errno.EACCES, errno.EAGAIN) or isinstance(exc, FileNotFoundError):
                 return False
             raise
         self._fd = fd
@@ -157,7 +169,7 @@ class _PosixLock:
             return
         fd, self._fd = self._fd, None
         try:
-            fcntl.lockf(fd, fcntl.LOCK_UN)
+            self._lock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
             self._thread_lock.release()
@@ -174,10 +186,18 @@ class _FileLockAdapter:
             self.inner.acquire(timeout=0)
         except filelock.Timeout:
             return False
+        except NotImplementedError as exc:  # filelock 3.10.5-3.23 on ENOSYS (seed 000)
+            raise OSError(errno.ENOSYS, str(exc)) from exc
         return True
 
     def release(self) -> None:
         self.inner.release()
+
+
+def _filelock_has(name: str) -> bool:
+    # filelock >= 3.30 (SoftFileLease, fallback_to_soft) needs Python >= 3.10; 3.9 gets 3.19.
+    # __all__ first: hasattr on a lazily exported name imports filelock._lease (~4 ms per process).
+    return name in getattr(filelock, "__all__", ()) or hasattr(filelock, name)
 
 
 def marker_path(lock_file: str, kind: str) -> str:
@@ -193,8 +213,8 @@ def marker_path(lock_file: str, kind: str) -> str:
 
 
 def _backend(kind: str, lock_file: str, policy: Policy, mode: int) -> Any:
-    if kind == "posix":
-        return _PosixLock(lock_file, mode)
+    if kind == "posix" or (kind == "flock" and not _filelock_has("SoftFileLease")):
+        return _FcntlLock(lock_file, mode, kind)
     if kind == "flock":
         # No silent fallback inside filelock: SharedLock handles a missing flock itself (ENOLCK
         # too, which filelock never falls back on) and remembers it for the whole mount.
@@ -202,6 +222,12 @@ def _backend(kind: str, lock_file: str, policy: Policy, mode: int) -> Any:
     if kind == "soft":
         return _FileLockAdapter(filelock.SoftFileLock(lock_file, mode=mode))
     if kind == "lease":
+        if not _filelock_has("SoftFileLease"):
+            from .errors import ConfigError
+
+            raise ConfigError(policy.source("lock"), "lease", "flock, posix, soft or auto",
+                              f"lease locks need filelock >= 3.30 (Python >= 3.10); this interpreter has "
+                              f"filelock {filelock.__version__}")
         return _FileLockAdapter(filelock.SoftFileLease(lock_file, lease_duration=policy.lease_seconds, mode=mode))
     raise ValueError(f"unknown lock kind {kind!r}")
 
@@ -255,7 +281,8 @@ class SharedLock:
                     raise
                 self._fall_back(exc)
                 continue
-            self._maybe_break_stale()
+            if self._maybe_break_stale():
+                continue  # the dead holder's marker is gone: try again now, not after a backoff pause
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise LockTimeout(self._timeout_message(timeout))
@@ -328,37 +355,41 @@ class SharedLock:
             os.close(fd)
         return record
 
-    def _maybe_break_stale(self) -> None:
-        """Break an existence lock whose holder a plugin proves dead (filelock only knows its own host)."""
+    def _maybe_break_stale(self) -> bool:
+        """Break an existence lock whose holder a plugin proves dead (filelock only knows its own host).
+
+        True when this call removed the dead holder's marker.
+        """
         if self.kind != "soft":
-            return  # native locks die with their holder; a lease expires by itself
+            return False  # native locks die with their holder; a lease expires by itself
         record = HolderRecord.read(self.lock_file)
         if record is None or record.marker is None:
-            return
+            return False
         from .runtime import registry
 
         if registry().holder_alive(record, self.policy) is not False:
-            return
+            return False
         # Breakers take turns, and each re-checks that the marker is still the dead holder's
         # (same inode and change time): a successor's fresh marker must never be unlinked.
         breaker = filelock.SoftFileLock(self.marker + ".break")
         try:
             breaker.acquire(timeout=0)
         except filelock.Timeout:
-            return
+            return False
         try:
             if HolderRecord.read(self.lock_file) != record:
-                return
+                return False
             st = os.stat(self.marker)
             if (st.st_ino, st.st_ctime_ns) != record.marker:
-                return
+                return False
             _unlink_quietly(self.marker)
             _unlink_quietly(self.lock_file + HOLDER_SUFFIX)
             from .log import decision
 
             decision(f"broke the lock {self.lock_file}: its holder ({record.describe()}) is gone")
+            return True
         except OSError:
-            return
+            return False
         finally:
             breaker.release()
 

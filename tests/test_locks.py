@@ -9,11 +9,16 @@ import sys
 import time
 from pathlib import Path
 
+import filelock
 import pytest
 
 import sharedfs
 from conftest import clean_env
 from locktools import run_workers
+
+#: filelock >= 3.30 (SoftFileLease) needs Python >= 3.10; Python 3.9 gets no lease kind.
+needs_lease = pytest.mark.skipif(not hasattr(filelock, "SoftFileLease"),
+                                 reason="lease locks need filelock >= 3.30, which needs Python >= 3.10")
 
 HOLD = """
 import sys, time, sharedfs
@@ -24,7 +29,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("kind", ["flock", "posix", "soft", "lease"])
+@pytest.mark.parametrize("kind", ["flock", "posix", "soft", pytest.param("lease", marks=needs_lease)])
 def test_every_kind_excludes_across_processes(tmp_path: Path, kind: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -87,6 +92,7 @@ def test_waiting_for_a_live_holder_on_another_node_names_it_and_how_to_clear(tmp
         holder.wait()
 
 
+@needs_lease
 def test_a_stuck_lease_holder_on_another_node_is_taken_over_after_the_lease(tmp_path: Path, fresh_runtime,
                                                                             monkeypatch) -> None:
     monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeB")
@@ -135,3 +141,9 @@ def test_a_native_lock_refused_at_run_time_falls_back_for_the_whole_mount(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["soft", "soft"]
     assert f"flock failed with {errno_name} at {tmp_path}/a.lock; sharedfs switched this filesystem" in proc.stderr
+
+
+@pytest.mark.skipif(hasattr(filelock, "SoftFileLease"), reason="only where filelock < 3.30 (Python 3.9)")
+def test_lease_without_filelock_support_is_a_clear_error(tmp_path: Path, fresh_runtime) -> None:
+    with pytest.raises(sharedfs.ConfigError, match="lease locks need filelock >= 3.30"):
+        sharedfs.lock(tmp_path / "l.lock", kind="lease")

@@ -167,3 +167,18 @@ def test_install_modes_behave_alike_and_uninstall_leaves_nothing(
     env.pip("uninstall", "-y", "sharedfs")
     assert not {"sharedfs.pth", "sharedfs.start"} & {p.name for p in env.site_packages.iterdir()}
     assert subprocess.run([env.python, "-c", "pass"], capture_output=True, text=True).stderr == ""
+
+
+def test_disable_and_enable_at_run_time_restore_and_reapply(datasets_venv: Venv) -> None:
+    code = textwrap.dedent("""
+        import json, sys, datasets, datasets.builder as b, sharedfs
+        seen = [b.FileLock.__module__]
+        sharedfs.disable()
+        seen.append(b.FileLock.__module__)
+        seen.append(any(type(f).__name__ == "_TargetFinder" for f in sys.meta_path))
+        sharedfs.enable()
+        seen.append(b.FileLock.__module__)
+        print(json.dumps(seen))
+    """)
+    assert json.loads(datasets_venv.run(code).stdout) == [
+        "sharedfs.shims.datasets", "datasets.utils._filelock", False, "sharedfs.shims.datasets"]
