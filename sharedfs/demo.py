@@ -259,6 +259,15 @@ TAKE = """
 """
 
 
+def other_host_prefix() -> list[str]:
+    """Run a command as if on another host: its own UTS namespace and host name, so nothing here
+    can probe its pid, exactly as across real nodes (a user namespace makes this work without root)."""
+    if not shutil.which("unshare"):
+        return []
+    user_ns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user_ns, "--uts", "sh", "-c", 'hostname node-a && exec "$0" "$@"']
+
+
 def stale_lock(sim: Sim) -> tuple[Outcome, Outcome]:
     """A job on node A is killed while holding an existence lock; the rerun on node B must not hang."""
     outcomes = []
@@ -266,11 +275,7 @@ def stale_lock(sim: Sim) -> tuple[Outcome, Outcome]:
         lock_dir = sim.work / f"stale-{which}"
         lock_dir.mkdir()
         env = {**sim.base_env, **extra}
-        # Node A is another host: its own UTS namespace and host name (as root), so nothing on
-        # node B can probe its pid, exactly as across real nodes.
-        prefix = ["unshare", "--uts", "sh", "-c", 'hostname node-a && exec "$0" "$@"'] if os.geteuid() == 0 \
-            and shutil.which("unshare") else []
-        holder = subprocess.Popen([*prefix, sys.executable, "-c", textwrap.dedent(HOLD), which,
+        holder = subprocess.Popen([*other_host_prefix(), sys.executable, "-c", textwrap.dedent(HOLD), which,
                                    str(lock_dir / "job.lock")], env={**env, "SHAREDFS_NODE_ID": "node-a"},
                                   stdout=subprocess.PIPE, text=True)
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -40,3 +40,35 @@ def test_without_fuse_the_preload_fallback_still_demonstrates_the_lock_failures(
     report = demo("--no-fuse", "--only", "datasets")
     assert report["mode"].startswith("LD_PRELOAD")
     assert [s["fixed"] for s in report["scenarios"]] == [True, True]
+
+
+@pytest.fixture
+def throwaway_user():
+    """A fresh unprivileged user who may run this checkout's interpreter, removed afterwards."""
+    import os
+    import uuid
+
+    if os.geteuid() != 0:
+        pytest.fail("creating a throwaway user needs root (CI runs as root)")
+    name = f"sfs{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--create-home", name], check=True)
+    # The interpreter may live under a private /root (pyenv): let the user traverse it, nothing more.
+    subprocess.run(["setfacl", "-m", f"u:{name}:x", "/root"], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["setfacl", "-x", f"u:{name}", "/root"], check=False)
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+
+
+def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) -> None:
+    proc = subprocess.run(["runuser", "-u", throwaway_user, "--", sys.executable, "-m", "sharedfs", "demo", "--json",
+                           "--no-fuse"], capture_output=True, text=True, env=clean_env(), timeout=900, cwd="/tmp")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["mode"].startswith("LD_PRELOAD")
+    ran = [s for s in report["scenarios"] if not s["skipped"]]
+    assert {s["name"] for s in ran} == {"datasets, Lustre without -o flock (ENOSYS)",
+                                        "datasets, NFS without lockd (ENOLCK)", "lock of a killed job on another node"}
+    assert all(s["fixed"] for s in ran)
+    assert all("needs FUSE" in s["skipped"] for s in report["scenarios"] if s["skipped"])
