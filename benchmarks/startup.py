@@ -87,16 +87,19 @@ def main() -> int:
     rows = []
     for what, code, goal in (("python -c pass", "pass", 1.03), ("import datasets", "import datasets", 1.05)):
         a, b = alternate(with_sfs, without, code, args.runs, env)
-        rows.append({"what": what, "sharedfs_s": a, "baseline_s": b, "ratio": a / b, "goal": goal})
+        rows.append({"what": f"{what} (venv with vs without sharedfs)", "sharedfs": a * 1e3, "baseline": b * 1e3,
+                     "unit": "ms", "ratio": a / b, "goal": f"<= {goal}", "met": a / b <= goal})
     self_us = bootstrap_self_time(with_sfs, env)
+    rows.append({"what": "sharedfs modules imported at start-up (-X importtime)", "sharedfs": self_us,
+                 "baseline": None, "unit": "us", "ratio": None, "goal": "well under 1 ms", "met": self_us < 1000})
     if args.json:
-        print(json.dumps({"rows": rows, "bootstrap_import_us": self_us}, indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'what':<18}{'sharedfs':>12}{'baseline':>12}{'ratio':>8}{'goal':>8}")
+    print(f"{'what':<58}{'sharedfs':>12}{'baseline':>12}{'ratio':>8}  goal")
     for row in rows:
-        print(f"{row['what']:<18}{row['sharedfs_s'] * 1e3:>10.1f}ms{row['baseline_s'] * 1e3:>10.1f}ms"
-              f"{row['ratio']:>8.3f}{row['goal']:>8.2f}")
-    print(f"bootstrap import time at start-up (-X importtime, sharedfs modules only): {self_us:.0f} us")
+        base = f"{row['baseline']:>10.1f}{row['unit']}" if row["baseline"] is not None else f"{'-':>12}"
+        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+        print(f"{row['what']:<58}{row['sharedfs']:>10.1f}{row['unit']}{base}{ratio:>8}  {row['goal']}")
     return 0
 
 
