@@ -9,7 +9,7 @@ node-local storage (:func:`sharedfs.node_local_dir`).
 from __future__ import annotations
 
 from sharedfs.hookspecs import hookimpl
-from sharedfs.policy import Policy
+from sharedfs._policy import Policy
 
 
 @hookimpl

@@ -6,7 +6,7 @@ import os
 
 from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import HolderRecord, process_start_time
-from sharedfs.policy import Policy
+from sharedfs._policy import Policy
 
 
 @hookimpl

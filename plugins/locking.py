@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sharedfs.fsinfo import FsInfo
 from sharedfs.hookspecs import hookimpl
-from sharedfs.policy import LockChoice, Policy
+from sharedfs._policy import LockChoice, Policy
 
 
 @hookimpl

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from sharedfs import envvars
 from sharedfs.errors import ConfigError
 from sharedfs.hookspecs import hookimpl
-from sharedfs.policy import Layer
+from sharedfs._policy import Layer
 from sharedfs.settings import BY_NAME, SETTINGS
 
 FILE_PRIORITY = 100

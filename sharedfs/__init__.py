@@ -29,6 +29,9 @@ _here = _os.path.dirname(__file__)
 if not _os.path.isdir(_os.path.join(_here, "plugins")):  # pragma: no branch
     __path__.append(_os.path.dirname(_here))  # noqa: F821 - __path__ exists in a package
 
+# A submodule must not share a public function's name: importing ``sharedfs.X`` sets the
+# package attribute ``X`` to the module, so ``sharedfs.policy()`` lives in ``runtime`` and the
+# Policy class in ``_policy``.
 _LAZY = {
     "__version__": "_version",
     "ConfigError": "errors",
@@ -40,7 +43,9 @@ _LAZY = {
     "configure": "runtime",
     "disable": "runtime",
     "enable": "runtime",
-    "Policy": "policy",
+    "Policy": "_policy",
+    "Layer": "_policy",
+    "LockChoice": "_policy",
     "lock": "locks",
     "makedirs": "dirs",
     "wait_for": "dirs",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 from .errors import UnsafeDirectoryError, WaitTimeout
-from .policy import Policy
+from ._policy import Policy
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -175,8 +175,13 @@ def node_local_dir(name: str, *, policy: Policy | None = None, create: bool = Tr
     _check_root(root)
     path = Path(root, f"sharedfs-{os.getuid()}", job_id(), name)
     if create:
-        for level in (path.parents[1], path.parent, path):
-            _make_private(level)
+        from .cleanup import job_scope
+
+        # Under the job's node-local lock, and counted as a user of the job's directory: the job's
+        # last process on this node removes it at exit (sharedfs.cleanup).
+        with job_scope(path.parent):
+            for level in (path.parents[1], path.parent, path):
+                _make_private(level)
     return path
 
 

@@ -1,7 +1,7 @@
 """The whole contract between sharedfs and its plugins, in one module.
 
 Data flows one way: environment and settings -> plugins -> one immutable
-:class:`~sharedfs.policy.Policy` -> shims.  *Plugins* (``sharedfs.plugins.*``
+:class:`sharedfs.Policy` -> shims.  *Plugins* (``sharedfs.plugins.*``
 and third-party distributions exposing a ``sharedfs`` entry point) implement
 the deciding hooks below; *shims* (``sharedfs.shims.*``) implement
 :func:`sharedfs_register_shims` and apply the decisions inside one framework.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .fsinfo import FsInfo, Mount
     from .identity import ProcessIdentity
     from .locks import HolderRecord
-    from .policy import Layer, LockChoice, Policy
+    from ._policy import Layer, LockChoice, Policy
     from .shim import Shim
 
 #: One name for the hook prefix, the pluggy project and the entry-point group.
@@ -66,7 +66,7 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> Sequence[Layer]:
     :class:`sharedfs.ConfigError` naming ``Layer.origin`` and the key.
 
     :param environ: the environment to read (normally ``os.environ``).
-    :return: zero or more :class:`~sharedfs.policy.Layer` objects.
+    :return: zero or more :class:`sharedfs.Layer` objects.
     """
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import filelock
 
 from .errors import LockTimeout
-from .policy import LockChoice, Policy
+from ._policy import LockChoice, Policy
 
 HOLDER_SUFFIX = ".holder"
 #: A waiter's pause doubles from MIN_POLL up to MAX_POLL, with jitter so ranks released by one

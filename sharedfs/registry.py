@@ -20,7 +20,7 @@ from . import hookspecs
 from ._bootstrap import TARGETS
 from .hookspecs import NAME
 from .identity import ProcessIdentity
-from .policy import Layer, LockChoice, Policy
+from ._policy import Layer, LockChoice, Policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fsinfo import FsInfo, Mount

@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .hookspecs import NAME
 from .identity import ProcessIdentity
 from .log import decision
-from .policy import LockChoice, Policy, explicit_layer, resolve
+from ._policy import LockChoice, Policy, explicit_layer, resolve
 from .registry import Registry
 from .settings import BY_NAME, log_level
 from .shim import Shim

@@ -13,7 +13,7 @@ import sys
 from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
-from .policy import Policy
+from ._policy import Policy
 
 _MISSING = object()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sharedfs import ConfigError
-from sharedfs.policy import Layer, explicit_layer, resolve
+from sharedfs._policy import Layer, explicit_layer, resolve
 
 
 def test_defaults_have_the_source_default() -> None:

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from sharedfs.policy import resolve
+from sharedfs._policy import resolve
 from sharedfs.shim import Patcher, Shim
 
 

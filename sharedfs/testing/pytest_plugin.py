@@ -25,8 +25,9 @@ import pytest
 
 from .hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
 from .preload import PreloadUnavailable, preload_env
+from .slurm import slurm_cluster  # a fixture: a real 2-node Slurm cluster (session-scoped)
 
-__all__ = ["fault_preload", "hostile_mount", "skip_or_fail"]
+__all__ = ["fault_preload", "hostile_mount", "skip_or_fail", "slurm_cluster"]
 
 
 def skip_or_fail(reason: str) -> NoReturn:

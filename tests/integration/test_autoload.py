@@ -46,6 +46,13 @@ def test_importing_datasets_loads_the_registry_and_patches_its_locks(datasets_ve
     assert status["policy"]["lock"] == {"value": "auto", "source": "default"}
 
 
+def test_the_public_api_survives_autoload(datasets_venv: Venv) -> None:
+    # Autoload imports every kernel module; none may shadow a public name (sharedfs.policy was one).
+    code = ("import datasets, sharedfs; p = sharedfs.policy(); "
+            "print(p.lock, type(p) is sharedfs.Policy, callable(sharedfs.lock), callable(sharedfs.makedirs))")
+    assert datasets_venv.run(code).stdout.split() == ["auto", "True", "True", "True"]
+
+
 def test_isolated_mode_still_autoloads_and_no_site_mode_breaks_nothing(datasets_venv: Venv) -> None:
     assert json.loads(datasets_venv.run(PATCHED, flags=["-I"]).stdout) == ["sharedfs.shims.datasets"] * 3
     # -S skips .pth files: sharedfs is absent and the interpreter is fine.
@@ -126,7 +133,7 @@ def test_third_party_plugins_are_discovered_and_a_broken_one_is_not_fatal(
 ) -> None:
     good = _plugin_dist(tmp_path, "sitepolicy", """
         from sharedfs.hookspecs import hookimpl
-        from sharedfs.policy import Layer
+        from sharedfs._policy import Layer
 
         @hookimpl
         def sharedfs_settings_layers(environ):
