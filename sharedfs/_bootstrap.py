@@ -23,6 +23,8 @@ TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
 #: A shim lands here together with its module in shims/.
 TARGETS = {
     "datasets": "datasets",
+    "webdataset": "webdataset",
+    "wids": "wids",
 }
 
 _finder = None
