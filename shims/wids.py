@@ -121,7 +121,9 @@ class WidsShim(Shim):
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         __init__.__doc__ = original_init.__doc__
         if placed is not None:
-            decision(f"wids default cache -> {placed} (node-local, {policy.source('cache')})")
+            why = ("the default /tmp/_wids_cache is shared by every user of the node"
+                   if policy.cache == "auto" else f"node-local, {policy.source('cache')}")
+            decision(f"wids default cache -> {placed} ({why})")
         self.patcher.setattr(core.ShardListDataset, "__init__", __init__)
 
 

@@ -72,3 +72,13 @@ def test_wait_for_returns_when_the_path_appears_and_times_out_with_context(tmp_p
     message = str(info.value)
     assert f"{tmp_path}/never to appear on node" in message and "rank 0 of 1" in message
     assert "SHAREDFS_WAIT_TIMEOUT" in message
+
+
+def test_auto_cache_moves_only_predictable_shared_tmp_defaults(root: Path, fresh_runtime) -> None:
+    registry, policy = fresh_runtime.registry(), fresh_runtime.policy()
+    assert policy.cache == "auto"
+    placed = registry.cache_placement("wids", policy)  # wids' default /tmp/_wids_cache is everyone's
+    assert placed == str(root / f"sharedfs-{os.getuid()}" / "job-1234" / "wids")
+    assert stat.S_IMODE(os.stat(placed).st_mode) == 0o700
+    assert registry.cache_placement("datasets", policy) is None  # ~/.cache is already the user's
+    assert registry.cache_placement("wids", fresh_runtime.policy(cache="shared")) is None
