@@ -25,6 +25,8 @@ TARGETS = {
     "datasets": "datasets",
     "webdataset": "webdataset",
     "wids": "wids",
+    # The hub's package is a lazy facade; the lock lives in (and is bound from) this module.
+    "huggingface_hub": "huggingface_hub.utils._fixes",
 }
 
 _finder = None

@@ -7,20 +7,41 @@ that raises "FileSystem does not appear to support flock" (datasets#6395), on
 NFS without lockd "[Errno 37] No locks available" (datasets#1672), and on
 GPFS / ``localflock`` / ``local_lock`` it silently excludes only one node.
 The replacement keeps datasets' own behaviour (long-name hashing, umask-based
-mode) and lets the plugins choose the lock kind for each path.
+mode, wait forever by default) and lets the plugins choose the lock kind for
+each path.
+
+Three more changes, each for a failure no filelock release can fix:
+
+* ``Dataset.map`` runs under a lock per input dataset, so N ranks that map the
+  same cached dataset compute it once and the others load the result
+  (datasets writes map results to a temp file and renames it, so without the
+  lock nothing is corrupted, but every rank redoes the work at once).
+* The cache moves to a node-local directory under ``SHAREDFS_CACHE=node-local``.
+* The multi-node pickle trap (failures.md section 5): a ``Dataset`` pickles its
+  memory-mapped Arrow table as a *path* (``MemoryMappedTable.__getstate__``).
+  XTuner's ``process_hf_dataset`` prepares on rank 0 and
+  ``broadcast_object_list``\\ s the dataset; a rank on another node then gets a
+  bare FileNotFoundError for a node-local path (LlamaFactory#3065,
+  ms-swift#3667).  The pickled state now also carries the sender's node and
+  node-local root; the receiver opens its own node's copy when that node
+  prepared one, and otherwise raises :class:`NodeLocalDatasetError` explaining
+  the cause and the two fixes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
+from sharedfs._policy import Policy
+from sharedfs.errors import SharedFSError
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
-from sharedfs.policy import Policy
 from sharedfs.shim import Shim
 
 #: Modules that bind ``FileLock`` by name at import time.
@@ -31,13 +52,27 @@ LOCK_SITES = (
     "datasets.utils.file_utils",
     "datasets.utils.extract",
 )
+#: Extra key in a pickled ``MemoryMappedTable`` state.  datasets' own ``__setstate__`` reads
+#: only ``path`` and ``replays``, so a receiver without sharedfs ignores it.
+STATE_KEY = "_sharedfs_origin"
+#: What replacements copy from the function they replace: ``__module__`` stays ours, so
+#: ``sharedfs status`` and a debugger show who is running.
+_NAME_AND_DOC = ("__name__", "__qualname__", "__doc__")
+
+
+class NodeLocalDatasetError(SharedFSError, FileNotFoundError):
+    """A dataset pickled on one node refers to an Arrow file in that node's node-local cache.
+
+    Subclasses FileNotFoundError, so code that already handles the bare error still does.
+    """
 
 
 class DatasetsShim(Shim):
     name = "datasets"
     target = "datasets"
     distribution = "datasets"
-    supported = ">=2.14,<6"  # utils/_filelock.py appeared in 2.14
+    # utils/_filelock.py appeared in 2.14; tested with 3.6 and 5.2 (tests/integration/test_datasets.py).
+    supported = ">=2.14,<6"
 
     def apply(self, module: ModuleType, policy: Policy) -> None:
         original = sys.modules["datasets.utils._filelock"].FileLock
@@ -46,7 +81,42 @@ class DatasetsShim(Shim):
             site_module = sys.modules.get(site)
             if site_module is not None and getattr(site_module, "FileLock", None) is original:
                 self.patcher.setattr(site_module, "FileLock", replacement)
+        self._patch_map(sys.modules["datasets.arrow_dataset"].Dataset)
+        self._patch_pickling(sys.modules["datasets.table"].MemoryMappedTable)
         self._place_cache(policy)
+
+    # -- Dataset.map: one computation per input, the other ranks load it ---------------------
+
+    def _patch_map(self, dataset_cls: type) -> None:
+        original = dataset_cls.__dict__["map"]
+        self.patcher.setattr(dataset_cls, "map", make_locked_map(original))
+
+    # -- the multi-node pickle trap -----------------------------------------------------------
+
+    def _patch_pickling(self, table_cls: type) -> None:
+        getstate, setstate = table_cls.__dict__["__getstate__"], table_cls.__dict__["__setstate__"]
+
+        @functools.wraps(getstate, assigned=_NAME_AND_DOC)
+        def __getstate__(self: Any) -> Any:
+            state = getstate(self)
+            if isinstance(state, dict) and "path" in state:
+                origin = _origin(state["path"])
+                if origin is not None:  # shared paths pickle exactly as before (fingerprints stay stable)
+                    state = {**state, STATE_KEY: origin}
+            return state
+
+        @functools.wraps(setstate, assigned=_NAME_AND_DOC)
+        def __setstate__(self: Any, state: Any) -> None:
+            if isinstance(state, dict) and STATE_KEY in state:
+                state = dict(state)
+                origin = state.pop(STATE_KEY)
+                state["path"] = _reachable_path(state["path"], origin)
+            setstate(self, state)
+
+        self.patcher.setattr(table_cls, "__getstate__", __getstate__)
+        self.patcher.setattr(table_cls, "__setstate__", __setstate__)
+
+    # -- cache placement ------------------------------------------------------------------------
 
     def _place_cache(self, policy: Policy) -> None:
         from sharedfs import runtime
@@ -90,6 +160,7 @@ def make_lock_class(original: type) -> type:
                 mode = 0o666 & ~umask
             self.lock_file = original.hash_filename_if_too_long(lock_file)
             self._lock = lock(self.lock_file, timeout=timeout, mode=mode)
+            _say_lock_choice("datasets", self._lock)
 
         @property
         def is_locked(self) -> bool:
@@ -109,6 +180,137 @@ def make_lock_class(original: type) -> type:
             self.release()
 
     return SharedFSFileLock
+
+
+def _say_lock_choice(framework: str, shared_lock: Any) -> None:
+    # The reason names the mount, so this is one line per mount and kind, not per directory.
+    decision(f"{framework} locks -> {shared_lock.kind}: {shared_lock.choice.reason}")
+
+
+_held = threading.local()
+
+
+def make_locked_map(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Dataset.map`` behind a lock per input dataset, so concurrent ranks compute a map once.
+
+    The lock sits beside the input's cache files and is named after its fingerprint.  The
+    first rank takes it and computes (datasets publishes the result by temp file + rename);
+    every other rank waits until it is free, lets go at once, and then runs ``map`` unlocked,
+    which finds the published cache file and loads it -- in parallel, instead of handing an
+    exclusive lock from rank to rank for a cache hit.  If the first rank died without
+    publishing, the others compute, as datasets would without sharedfs.  In-memory
+    datasets, ``keep_in_memory=True`` and disabled caching have no shared result to reuse,
+    so they run unlocked.
+    """
+
+    @functools.wraps(original, assigned=_NAME_AND_DOC)
+    def map(self: Any, *args: Any, **kwargs: Any) -> Any:
+        lock_file = _map_lock_file(self, kwargs)
+        held: set[str] = _held.__dict__.setdefault("paths", set())
+        if lock_file is None or lock_file in held:  # a map inside a map function must not wait for itself
+            return original(self, *args, **kwargs)
+        from sharedfs.errors import LockTimeout
+        from sharedfs.locks import lock
+
+        shared = lock(lock_file, timeout=-1)
+        try:
+            shared.acquire(timeout=0)
+        except LockTimeout:  # someone is computing it: wait for them, then load their result
+            shared.acquire()
+            shared.release()
+            return original(self, *args, **kwargs)
+        held.add(lock_file)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            held.discard(lock_file)
+            shared.release()
+
+    return map
+
+
+def _map_lock_file(dataset: Any, kwargs: dict[str, Any]) -> str | None:
+    if kwargs.get("keep_in_memory") or kwargs.get("load_from_cache_file") is False:
+        return None
+    explicit = kwargs.get("cache_file_name")
+    if explicit:
+        return os.fspath(explicit) + ".lock"
+    from datasets.fingerprint import is_caching_enabled
+
+    cache_files = getattr(dataset, "cache_files", None)
+    if not cache_files or not is_caching_enabled():
+        return None
+    directory = os.path.dirname(cache_files[0]["filename"])
+    return os.path.join(directory, f"cache-{dataset._fingerprint}.map.lock")
+
+
+# -- pickling across nodes ------------------------------------------------------------------------
+
+
+def _origin(path: str) -> dict[str, Any] | None:
+    """For a path other nodes may not see: who pickled it, and the node-local root of that node.
+
+    ``None`` for a path on a shared filesystem outside the node-local root: its state stays
+    byte-identical to datasets' own, because datasets hashes pickled objects into cache
+    fingerprints, which must not depend on the node.
+    """
+    from sharedfs import runtime
+    from sharedfs.dirs import node_local_root
+
+    current = runtime.policy()
+    root = os.path.abspath(node_local_root(current))
+    try:
+        shared: bool | None = runtime.describe_filesystem(os.path.dirname(path) or ".").shared
+    except Exception:
+        shared = None  # e.g. a dead FUSE mount elsewhere in the mount table
+    if shared is not False and not _is_under(path, root):
+        return None
+    return {"node": current.node_id, "root": root}
+
+
+def _is_under(path: str, root: str) -> bool:
+    return not os.path.relpath(os.path.abspath(path), root).startswith(os.pardir)
+
+
+def _reachable_path(path: str, origin: dict[str, Any]) -> str:
+    """``path`` if it can be opened here; else this node's copy of it; else an explanatory error."""
+    if os.path.exists(path):
+        return path
+    from sharedfs import runtime
+    from sharedfs.dirs import node_local_root
+
+    current = runtime.policy()
+    sender = str(origin.get("node"))
+    if sender == current.node_id:
+        return path  # same node: datasets' own FileNotFoundError is the honest answer
+    sender_root = str(origin.get("root") or "")
+    own_root = os.path.abspath(node_local_root(current))
+    under_root = bool(sender_root) and _is_under(path, sender_root)
+    if under_root:
+        relative = os.path.relpath(path, sender_root)
+        # One preparer per node: this node prepared the same dataset (same fingerprints, so
+        # the same relative file names) under its own node-local root.
+        candidate = os.path.join(own_root, relative)
+        if os.path.exists(candidate):
+            decision(f"datasets: a dataset pickled on node {sender} refers to its node-local cache; "
+                     f"opening this node's copy under {own_root}")
+            return candidate
+    raise NodeLocalDatasetError(_trap_message(path, sender, current.node_id, under_root, sender_root))
+
+
+def _trap_message(path: str, sender: str, receiver: str, under_root: bool, sender_root: str) -> str:
+    where = f"node {sender}'s node-local storage ({sender_root})" if under_root else f"a path only node {sender} has"
+    return (
+        f"this datasets Dataset was memory-mapped on node {sender} from {path}, which is on {where} and does "
+        f"not exist on this node ({receiver}). A datasets Dataset pickles its Arrow data as a file path "
+        "(MemoryMappedTable), so a dataset prepared on one node and sent to another (torch.distributed "
+        "broadcast_object_list, XTuner's process_hf_dataset) can only be opened where that file exists. "
+        "Fix it in one of two ways: (1) put the datasets cache on a filesystem every node shares "
+        "(SHAREDFS_CACHE=shared and no node-local HF_DATASETS_CACHE; sharedfs's locks make a shared cache "
+        "safe), or (2) prepare the dataset once per node instead of sending it: run load_dataset/map on every "
+        "rank inside `with sharedfs.main_process_first(per_node=True):` so each node's local rank 0 prepares "
+        "its own copy and the others load it."
+    )
 
 
 @hookimpl
