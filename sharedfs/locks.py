@@ -416,6 +416,36 @@ class SharedLock:
         )
 
 
+class FileLockAPI:
+    """filelock's public API over :func:`lock`: the base of shims' drop-in replacements.
+
+    Frameworks call their lock class as filelock's (``acquire(timeout=...,
+    poll_interval=...)`` returning the lock, ``release(force=...)``, ``is_locked``,
+    ``with``); a shim subclass only adapts the constructor to the class it replaces.
+    """
+
+    def __init__(self, lock_file: str | os.PathLike[str], timeout: float = -1, mode: int = 0o644) -> None:
+        self.lock_file = os.fspath(lock_file)
+        self._lock = lock(self.lock_file, timeout=timeout, mode=mode)
+
+    @property
+    def is_locked(self) -> bool:
+        return self._lock.is_locked
+
+    def acquire(self, timeout: float | None = None, poll_interval: float = 0.05, **_: Any) -> FileLockAPI:
+        self._lock.acquire(timeout)
+        return self
+
+    def release(self, force: bool = False) -> None:
+        self._lock.release(force)
+
+    def __enter__(self) -> FileLockAPI:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def lock(path: str | os.PathLike[str], timeout: float | None = None, *, kind: str | None = None,
          mode: int = 0o644) -> SharedLock:
     """A lock for ``path`` (the lock file itself) that is correct on its filesystem.

@@ -142,42 +142,23 @@ class DatasetsShim(Shim):
 
 def make_lock_class(original: type) -> type:
     """A drop-in for datasets' ``FileLock`` that delegates to :func:`sharedfs.lock`."""
+    from sharedfs.locks import FileLockAPI
 
-    class SharedFSFileLock:
+    class SharedFSFileLock(FileLockAPI):
         __doc__ = f"sharedfs replacement for {original.__module__}.FileLock (lock kind chosen per filesystem)."
         MAX_FILENAME_LENGTH = original.MAX_FILENAME_LENGTH
         hash_filename_if_too_long = original.hash_filename_if_too_long
 
         def __init__(self, lock_file: str, *args: Any, timeout: float = -1, mode: int | None = None,
                      **kwargs: Any) -> None:
-            from sharedfs.locks import lock
-
             if args:  # filelock's positional signature is (lock_file, timeout=-1, mode=...)
                 timeout = args[0]
-            if mode is None:
+            if mode is None:  # datasets' own rule: the lock file follows the umask
                 umask = os.umask(0o666)
                 os.umask(umask)
                 mode = 0o666 & ~umask
-            self.lock_file = original.hash_filename_if_too_long(lock_file)
-            self._lock = lock(self.lock_file, timeout=timeout, mode=mode)
+            super().__init__(original.hash_filename_if_too_long(lock_file), timeout=timeout, mode=mode)
             _say_lock_choice("datasets", self._lock)
-
-        @property
-        def is_locked(self) -> bool:
-            return self._lock.is_locked
-
-        def acquire(self, timeout: float | None = None, poll_interval: float = 0.05, **_: Any) -> SharedFSFileLock:
-            self._lock.acquire(timeout)
-            return self
-
-        def release(self, force: bool = False) -> None:
-            self._lock.release(force)
-
-        def __enter__(self) -> SharedFSFileLock:
-            return self.acquire()
-
-        def __exit__(self, *exc: object) -> None:
-            self.release()
 
     return SharedFSFileLock
 

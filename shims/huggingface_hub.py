@@ -118,31 +118,13 @@ def make_weak_file_lock(original: Callable[..., Any], is_applied: Callable[[], b
 def _shared_blob_lock_class(original: type) -> type:
     """``filelock.FileLock(path, mode=...)`` as used by ``_shared_blobs``, on :func:`sharedfs.lock`."""
 
-    class SharedFSFileLock:
+    from sharedfs.locks import FileLockAPI
+
+    class SharedFSFileLock(FileLockAPI):
         __doc__ = f"sharedfs replacement for {original.__module__}.FileLock in {SHARED_BLOBS}."
 
         def __init__(self, lock_file: str | Path, timeout: float = -1, mode: int = 0o644, **_: Any) -> None:
-            from sharedfs.locks import lock
-
-            self.lock_file = str(lock_file)
-            self._lock = lock(self.lock_file, timeout=timeout, mode=mode)
-
-        @property
-        def is_locked(self) -> bool:
-            return self._lock.is_locked
-
-        def acquire(self, timeout: float | None = None, **_: Any) -> SharedFSFileLock:
-            self._lock.acquire(timeout)
-            return self
-
-        def release(self, force: bool = False) -> None:
-            self._lock.release(force)
-
-        def __enter__(self) -> SharedFSFileLock:
-            return self.acquire()
-
-        def __exit__(self, *exc: object) -> None:
-            self.release()
+            super().__init__(lock_file, timeout=timeout, mode=mode)
 
     return SharedFSFileLock
 
