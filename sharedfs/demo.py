@@ -4,8 +4,11 @@ Each scenario runs real programs in separate processes on a simulated cluster
 filesystem: a FUSE filesystem when this process may mount one (root and
 /dev/fuse), otherwise an ``LD_PRELOAD`` library that makes flock fail; the
 scenarios that need a second node's view of the filesystem (lag, node-local
-locks) run only under FUSE, and the table says so.  Everything mounted or
-started is cleaned up, also on Ctrl-C.
+locks) run only under FUSE, and the table says so.  The wids and webdataset
+scenarios read real tar shards from a local HTTP server
+(:mod:`sharedfs.testing.shardserver`, which counts the fetches); the broadcast
+trap gives each simulated node its own tmpfs at the same path (``unshare``).
+Everything mounted or started is cleaned up, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .testing.shardserver import ShardServer
 
 OLD_FILELOCK = "filelock==3.23.0"  # the last release that raises on ENOSYS (seed 000)
 
@@ -289,6 +295,200 @@ def stale_lock(sim: Sim) -> tuple[Outcome, Outcome]:
     return outcomes[0], outcomes[1]
 
 
+# -- wids and webdataset: real tar shards from a local HTTP server --------------------------------
+
+SHARDS, SHARD_SAMPLES = 4, 10
+
+
+def _shard_server(sim: Sim, delay: float) -> tuple[ShardServer, list[str], dict[str, str]]:
+    """A fresh :class:`ShardServer` (closed by ``sim.stack``), its shard URLs, and the expected samples."""
+    from .testing.shardserver import ShardServer, make_shards
+
+    root = sim.work / "shards"
+    expected = make_shards(root, count=SHARDS, samples=SHARD_SAMPLES)  # deterministic: rewriting is harmless
+    server = sim.stack.enter_context(ShardServer(root, delay=delay, max_seconds=120))
+    return server, server.urls(server.shard_names()), expected
+
+
+def _readers(sim: Sim, code: str, args: list[str], env: dict[str, str], nodes: int, count: int,
+             timeout: float = 90) -> list[subprocess.CompletedProcess[str]]:
+    """``count`` reader processes over ``nodes`` simulated nodes, released together by a gate."""
+    sim.counter += 1
+    gate = str(sim.work / f"gate{sim.counter}")
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args, gate],
+                              env={**env, "SHAREDFS_NODE_ID": f"node{i % nodes}", "SHAREDFS_TEST_INDEX": str(i),
+                                   "SHAREDFS_TEST_COUNT": str(count)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(count)]
+    done = []
+    try:
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                err += f"\nhung: killed after {timeout:.0f} s"
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:  # Ctrl-C or an error: no reader outlives the demo
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+def _samples(proc: subprocess.CompletedProcess[str]) -> dict[str, str] | None:
+    if proc.returncode:
+        return None
+    try:  # wids prints cache-miss warnings to stdout: the result is the last line
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
+WIDS_READER = """
+    import json, sys
+    from sharedfs.testing.shardserver import sample_digest, start_together
+    import wids
+    urls, cache, samples, gate = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    start_together(gate)  # before wids touches the cache: a failing reader must not strand the others
+    ds = wids.ShardListDataset([{"url": u, "nsamples": samples} for u in urls], cache_dir=cache,
+                               transformations=[])
+    got = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        data = s[".bin"]
+        data = data.read() if hasattr(data, "read") else bytes(data)
+        got[s["__key__"]] = sample_digest(s["__key__"], data)
+    print(json.dumps(got))
+"""
+
+
+def wids_flockless(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Seed 001 / webdataset#386: wids' ULockFile flocks ``<shard>.tar.lock`` in the cache dir."""
+    server, urls, expected = _shard_server(sim, delay=0.1)
+    path, env = sim.shared_dir("nfs-nolock")
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {})):
+        server.reset()
+        results = _readers(sim, WIDS_READER, [json.dumps(urls), str(path / label), str(SHARD_SAMPLES)],
+                           {**env, **extra}, nodes=2, count=2)
+        broken = [r for r in results if _samples(r) != expected]
+        if broken:
+            outcomes.append(Outcome(True, f"{len(broken)}/2 readers: {last_error(broken[0])}"))
+        else:
+            fetches = server.counts()
+            outcomes.append(Outcome(any(n != 1 for n in fetches.values()),
+                                    f"2/2 readers (2 nodes) read all {len(expected)} samples; fetches per shard: "
+                                    f"max {max(fetches.values())}"))
+    return outcomes[0], outcomes[1]
+
+
+WDS_READER = """
+    import json, sys
+    # webdataset runs without torch (its pytorch.py); not importing it spares 8 readers 2 s of CPU each.
+    sys.modules["torch"] = None
+    from sharedfs.testing.shardserver import sample_digest, start_together
+    import webdataset as wds
+    urls, cache, gate = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    ds = wds.WebDataset(urls, cache_dir=cache, shardshuffle=False, empty_check=False)
+    start_together(gate)  # the ranks of one job hit the server at once
+    print(json.dumps({s["__key__"]: sample_digest(s["__key__"], s["bin"]) for s in ds}))
+"""
+
+
+def webdataset_duplicates(sim: Sim) -> tuple[Outcome, Outcome]:
+    """webdataset's cache has no lock at all: every reader of a shared cache_dir downloads every shard."""
+    server, urls, expected = _shard_server(sim, delay=0.3)
+    # GPFS-like (flock excludes within a node only) under FUSE; ENOLCK NFS under the fallback.
+    path, env = sim.shared_dir("localflock" if sim.fuse else "nfs-nolock")
+    nodes = 2 if sim.fuse else 1
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {})):
+        server.reset()
+        (path / label).mkdir()  # webdataset refuses a cache_dir that does not exist
+        results = _readers(sim, WDS_READER, [json.dumps(urls), str(path / label)], {**env, **extra},
+                           nodes=nodes, count=8)
+        fetches = [server.counts().get(name, 0) for name in server.shard_names()]
+        where = f"8 readers on {nodes} node{'s' if nodes > 1 else ''}"
+        broken = [r for r in results if _samples(r) != expected]
+        evidence = f"{where}: fetches per shard: mean {sum(fetches) / len(fetches):.1f}, max {max(fetches)}"
+        if broken:  # seen here: the shard missing right after the readers' concurrent renames onto it
+            error = last_error(broken[0]).replace(f"{path}/", "")
+            evidence += f"; {len(broken)}/8 readers crashed: {error[:100]}"
+        outcomes.append(Outcome(bool(broken) or any(n != 1 for n in fetches), evidence))
+    return outcomes[0], outcomes[1]
+
+
+# -- the node-local-cache broadcast trap (failures.md section 5) ----------------------------------
+
+#: Each simulated node mounts its own tmpfs at the *same* path in its own mount namespace: a real
+#: node-local /tmp (same path on every node, different content), which one machine cannot imitate
+#: with plain directories.
+PRIVATE_TMPFS = 'mount -t tmpfs -o mode=1777 sharedfs-node-local "$0" && exec "$@"'
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+PICKLE = """
+    import json, pickle, sys
+    import datasets
+    datasets.disable_progress_bars()
+    mode, data, blob = sys.argv[1:4]
+    if mode == "send":  # node A: prepare, then what broadcast_object_list does to a Dataset
+        ds = datasets.load_dataset("json", data_files=data, split="train")
+        open(blob, "wb").write(pickle.dumps(ds))
+        sys.exit()
+    ds = pickle.loads(open(blob, "rb").read())  # node B
+    print(len(ds))
+"""
+
+
+def _on_node(sim: Sim, node: str, root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run PICKLE on ``node``: its own mount namespace with a private tmpfs at ``root``."""
+    user_ns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]  # unprivileged mount namespace
+    argv = ["unshare", *user_ns, "--mount", "--propagation", "private", "sh", "-c", PRIVATE_TMPFS, str(root),
+            sys.executable, "-c", textwrap.dedent(PICKLE), *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=90, check=False,
+                              env={**env, "SHAREDFS_NODE_ID": node})
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, -9, "", f"hung: killed after {exc.timeout:.0f} s")
+
+
+def broadcast_trap(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Node A prepares a Dataset in its node-local cache and sends it pickled; node B cannot open it."""
+    if not shutil.which("unshare"):
+        raise RuntimeError("node-local disks are simulated with unshare (util-linux), which is not installed")
+    data = _jsonl(sim)
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {"SHAREDFS_CACHE": "node-local"})):
+        root = sim.work / f"node-local-{label}"
+        root.mkdir()
+        blob = sim.work / f"dataset-{label}.pickle"
+        env = {**sim.base_env, **OFFLINE, **extra, "SHAREDFS_CACHE_ROOT": str(root), "HF_HOME": str(root / "hf_home")}
+        if label == "plain":  # the user's own node-local cache, as seed 000 advises
+            env["HF_DATASETS_CACHE"] = str(root / "hf_datasets")
+        sent = _on_node(sim, "a", root, env, "send", data, str(blob))
+        if sent.returncode:
+            raise RuntimeError(f"node a could not prepare the dataset: {last_error(sent)}")
+        got = _on_node(sim, "b", root, env, "receive", data, str(blob))
+        if got.returncode == 0:
+            outcomes.append(Outcome(False, f"node b opened its own copy: {got.stdout.strip()} rows"))
+            continue
+        error = last_error(got)
+        full = next((line for line in reversed(got.stderr.splitlines()) if "NodeLocalDatasetError:" in line), "")
+        explained = all(needed in full for needed in (
+            "does not exist on this node (b)", "pickles its Arrow data as a file path", "SHAREDFS_CACHE=shared",
+            "main_process_first(per_node=True)"))
+        if explained:
+            # Still an error, but the explanatory one (cause and both fixes) instead of a bare missing
+            # path: counted as fixed, and the evidence says so.
+            outcomes.append(Outcome(False, "explanatory error (counted as fixed): NodeLocalDatasetError: node b "
+                                           "cannot open node a's node-local Arrow file; names the cause (pickled "
+                                           "as a path) and both fixes (shared cache, one preparer per node)"))
+        else:
+            outcomes.append(Outcome(True, f"node b: {error}"))
+    return outcomes[0], outcomes[1]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -304,6 +504,10 @@ SCENARIOS = (
     Scenario("8 ranks makedirs on a lagging filesystem", "seed 002, lingua#49", makedirs_race, True),
     Scenario("rank 0 made a dir, other node waits 1 s", "seed 003, OLMo#829", visibility_timeout, True),
     Scenario("lock of a killed job on another node", "srt-slurm#251, modelscope#1778", stale_lock),
+    Scenario("wids cache on storage without flock (ENOLCK)", "seed 001, webdataset#386", wids_flockless),
+    Scenario("8 webdataset readers share one cache_dir", "webdataset#386, failures.md 2", webdataset_duplicates),
+    Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
+             broadcast_trap),
 )
 
 
@@ -316,6 +520,8 @@ def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
 
     ok, why = fuse_available()
     fuse = ok if use_fuse is None else (use_fuse and ok)
+    if ok and not fuse:
+        why = "--no-fuse given"
     mode = "FUSE filesystems (hostilefs)" if fuse else f"LD_PRELOAD flock faults (no FUSE: {why})"
     progress(f"sharedfs demo: simulated cluster filesystem = {mode}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHAREDFS_", "HF_", "LD_PRELOAD"))}
@@ -332,6 +538,8 @@ def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
             else:
                 try:
                     result.without, result.with_sharedfs = scenario.run(sim)
+                    for outcome in (result.without, result.with_sharedfs):  # the temp dir says nothing
+                        outcome.evidence = outcome.evidence.replace(f"{work}/", ".../")
                 except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
                     result.skipped = f"could not run: {type(exc).__name__}: {exc}"
             result.seconds = time.monotonic() - started

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import clean_env
 
 pytestmark = pytest.mark.slow
@@ -34,6 +33,11 @@ def test_every_scenario_fails_without_sharedfs_and_works_with_it() -> None:
     assert "FileSystem does not appear to support flock" in evidence["datasets, Lustre without -o flock (ENOSYS)"][0]
     assert "No locks available" in evidence["datasets, NFS without lockd (ENOLCK)"][0]
     assert "counter 80/80" in evidence["flock that excludes one node only (GPFS, localflock)"][1]
+    assert "No locks available" in evidence["wids cache on storage without flock (ENOLCK)"][0]
+    duplicates = evidence["8 webdataset readers share one cache_dir"]
+    assert "fetches per shard" in duplicates[0] and "fetches per shard: mean 1.0, max 1" in duplicates[1]
+    trap = evidence["Dataset from a node-local cache sent to another node"]
+    assert "FileNotFoundError" in trap[0] and "NodeLocalDatasetError" in trap[1]
 
 
 def test_without_fuse_the_preload_fallback_still_demonstrates_the_lock_failures() -> None:
@@ -69,6 +73,9 @@ def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) ->
     assert report["mode"].startswith("LD_PRELOAD")
     ran = [s for s in report["scenarios"] if not s["skipped"]]
     assert {s["name"] for s in ran} == {"datasets, Lustre without -o flock (ENOSYS)",
-                                        "datasets, NFS without lockd (ENOLCK)", "lock of a killed job on another node"}
+                                        "datasets, NFS without lockd (ENOLCK)", "lock of a killed job on another node",
+                                        "wids cache on storage without flock (ENOLCK)",
+                                        "8 webdataset readers share one cache_dir",
+                                        "Dataset from a node-local cache sent to another node"}
     assert all(s["fixed"] for s in ran)
     assert all("needs FUSE" in s["skipped"] for s in report["scenarios"] if s["skipped"])
