@@ -27,6 +27,8 @@ TARGETS = {
     "wids": "wids",
     # The hub's package is a lazy facade; the lock lives in (and is bound from) this module.
     "huggingface_hub": "huggingface_hub.utils._fixes",
+    "mmengine": "mmengine",
+    "xtuner": "xtuner.dataset.huggingface",  # defines process_hf_dataset; `import xtuner` does not load it
 }
 
 _finder = None

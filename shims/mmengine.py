@@ -1,0 +1,352 @@
+"""mmengine: ``SharedFSHook`` for ``custom_hooks``, race-free runner directories, complete checkpoints.
+
+Three field failures of mmengine 0.10.x runs on cluster filesystems:
+
+* Every rank calls ``mmengine.mkdir_or_exist`` (``os.makedirs(exist_ok=True)``) on
+  the work dir and the log dir in ``Runner.__init__``.  On NFS/BeeGFS the losing
+  ranks get ``FileExistsError``: ``mkdir`` answers EEXIST, then ``isdir`` asks a
+  stale attribute cache (failures.md section 3; lingua#49, prime-rl#2699).  Every
+  name that binds ``mkdir_or_exist`` now points at :func:`sharedfs.makedirs`
+  (non-collective: the same function runs on one rank in ``LocalBackend.put``).
+* Checkpoints are written in place (``LocalBackend.put`` opens the final name),
+  and ``last_checkpoint`` is truncated and rewritten: another rank or a resumed
+  job can read half of either.  Both are now published by an atomic rename of a
+  unique temp file.
+* On auto-resume every rank reads ``last_checkpoint`` itself
+  (``find_latest_checkpoint``); a rank on another node may not see it, or the
+  checkpoint it names, yet, and then starts from scratch or dies with
+  FileNotFoundError while rank 0 resumes (allenai/OLMo#894; "decide once,
+  broadcast the decision", KempnerForge#49).  The leader decides and every rank
+  waits (non-collectively) until it can see that complete file.
+
+``SharedFSHook`` is defined lazily (PEP 562 ``__getattr__``): the registry imports
+every shim module on the first target import (``import datasets`` in an XTuner
+config), and this module must not import mmengine then.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+from types import ModuleType
+from typing import Any, Callable
+
+from sharedfs.hookspecs import hookimpl
+from sharedfs.log import decision
+from sharedfs._policy import Policy
+from sharedfs.shim import Shim
+
+#: The name users write in ``custom_hooks=[dict(type="SharedFSHook")]``.
+HOOK_NAME = "SharedFSHook"
+#: The policy settings ``SharedFSHook`` accepts as keyword arguments.
+HOOK_SETTINGS = ("lock", "cache", "cache_root", "max_workers", "wait_timeout")
+
+__all__ = ["HOOK_NAME", "HOOK_SETTINGS", "MmengineShim", "SharedFSHook"]
+
+_hook_class: type | None = None
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: build the hook class on first access
+    if name == HOOK_NAME:
+        return hook_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def hook_class() -> type:
+    """The ``SharedFSHook`` class (imports mmengine; built once)."""
+    global _hook_class
+    if _hook_class is None:
+        _hook_class = _build_hook_class()
+    return _hook_class
+
+
+def _build_hook_class() -> type:
+    from mmengine.hooks import Hook
+
+    class SharedFSHook(Hook):
+        """Apply a sharedfs policy to this training run: ``dict(type="SharedFSHook", cache="node-local")``.
+
+        Keyword arguments are policy settings (``lock``, ``cache``, ``cache_root``,
+        ``max_workers``, ``wait_timeout``) with the highest precedence, above
+        ``SHAREDFS_*`` and the TOML file.  They take effect in ``__init__``:
+        mmengine builds hooks in ``Runner.__init__`` but the datasets only later, in
+        ``Runner.train()``, before any ``before_run`` callback.  Without arguments
+        the hook only logs the policy in force, so it is harmless next to autoload.
+        """
+
+        priority = "VERY_HIGH"
+
+        def __init__(self, **settings: Any) -> None:
+            from sharedfs import runtime
+
+            unknown = sorted(set(settings) - set(HOOK_SETTINGS))
+            if unknown:
+                raise TypeError(
+                    f"SharedFSHook got unknown argument(s) {', '.join(unknown)}; it accepts the policy settings "
+                    f"{', '.join(HOOK_SETTINGS)} (check custom_hooks in your config)"
+                )
+            self.settings = dict(settings)
+            # configure() validates first (a bad value raises sharedfs.ConfigError naming the argument)
+            # and re-applies every shim already applied, e.g. the datasets shim an XTuner config
+            # triggered by importing datasets at parse time.
+            self.policy: Policy = runtime.configure(**settings) if settings else runtime.policy()
+            _log_policy(self.policy)
+
+    SharedFSHook.__module__ = __name__
+    SharedFSHook.__qualname__ = HOOK_NAME
+    return SharedFSHook
+
+
+_logged: set[str] = set()
+
+
+def _log_policy(policy: Policy) -> None:
+    """One line through the runner's logger (the current MMLogger), once per distinct policy."""
+    if policy.shim_disabled("mmengine"):
+        state = f"sharedfs is disabled (SHAREDFS_DISABLE={','.join(policy.disable)}); SharedFSHook changes nothing"
+    else:
+        shown = ("lock", "cache", "cache_root", "wait_timeout", "max_workers", "node_id")
+        parts = [f"{name}={getattr(policy, name)!r} ({policy.source(name)})" for name in shown]
+        state = "sharedfs policy: " + ", ".join(parts)
+    if state in _logged:
+        return
+    _logged.add(state)
+    from mmengine.logging import print_log
+
+    print_log(state, logger="current")
+
+
+def _register_hook(registry: Any, patcher: Any = None) -> None:
+    cls = hook_class()
+    if patcher is not None:
+        patcher.setitem(registry._module_dict, HOOK_NAME, cls)
+    elif registry._module_dict.get(HOOK_NAME) is not cls:
+        registry.register_module(name=HOOK_NAME, module=cls, force=True)
+
+
+class MmengineShim(Shim):
+    name = "mmengine"
+    target = "mmengine"
+    distribution = "mmengine"
+    # Read against 0.10.x's runner.py, hooks/checkpoint_hook.py and fileio/backends/local_backend.py.
+    supported = ">=0.10,<0.11"
+
+    def apply(self, module: ModuleType, policy: Policy) -> None:
+        # Imported here, not at module level (the registry imports this module on any target's
+        # import).  `import mmengine` has loaded torch already; a training job imports these anyway.
+        from mmengine.fileio.backends import local_backend
+        from mmengine.hooks import checkpoint_hook
+        from mmengine.registry import HOOKS
+        from mmengine.runner import checkpoint as checkpoint_module
+        from mmengine.runner import runner as runner_module
+        from mmengine.utils import path as path_module
+
+        _register_hook(HOOKS, self.patcher)
+        self._rebind("mkdir_or_exist", path_module, make_mkdir_or_exist)
+        backend = local_backend.LocalBackend
+        self.patcher.setattr(backend, "put", make_atomic_put(backend.__dict__["put"], "wb"))
+        self.patcher.setattr(backend, "put_text", make_atomic_put(backend.__dict__["put_text"], "w"))
+        # The hook writes last_checkpoint with a bare open(); a module global named `open`
+        # shadows the builtin for that module only.
+        self.patcher.setattr(checkpoint_hook, "open", atomic_open)
+        self._rebind("find_latest_checkpoint", checkpoint_module, make_find_latest_checkpoint)
+        runner_cls = runner_module.Runner
+        self.patcher.setattr(runner_cls, "load_or_resume", make_load_or_resume(runner_cls.__dict__["load_or_resume"]))
+        decision("mmengine: runner directories via sharedfs.makedirs; checkpoints published atomically")
+
+    def _rebind(self, name: str, home: ModuleType, make: Callable[[Any], Any]) -> None:
+        """Replace ``home.name`` in every loaded mmengine module that bound it by name.
+
+        Modules imported later bind it from ``mmengine`` / ``mmengine.utils`` / ``home``, which
+        already hold the replacement.
+        """
+        original = home.__dict__[name]
+        replacement = make(original)
+        for module_name, site in list(sys.modules.items()):
+            if module_name.partition(".")[0] == "mmengine" and getattr(site, name, None) is original:
+                self.patcher.setattr(site, name, replacement)
+
+
+# -- directories ------------------------------------------------------------------------------
+
+
+def make_mkdir_or_exist(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def mkdir_or_exist(dir_name: Any, mode: int = 0o777) -> None:
+        if dir_name == "":
+            return
+        from sharedfs.dirs import makedirs
+
+        makedirs(os.path.expanduser(dir_name), mode)
+
+    return mkdir_or_exist
+
+
+# -- atomic publication ---------------------------------------------------------------------------
+
+
+def _temp_beside(path: str) -> tuple[int, str]:
+    directory, base = os.path.split(os.path.abspath(path))
+    # A unique name per process and call: a pid-only suffix collides across nodes (webdataset's
+    # ".temp{pid}"), and the dot prefix keeps it out of mmengine's iter_*.pth globbing.
+    return tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+
+
+def _publish(write: Callable[[Any], None], path: str, binary: bool, encoding: str | None = None) -> None:
+    fd, temp = _temp_beside(path)
+    try:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding=encoding)) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o666 & ~_umask())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_atomic_put(original: Callable[..., None], mode: str) -> Callable[..., None]:
+    """``LocalBackend.put`` (``mode="wb"``) / ``put_text`` (``"w"``): a unique temp file renamed into place."""
+
+    def publish(obj: Any, filepath: Any, encoding: str | None) -> None:
+        import mmengine
+
+        path = os.fspath(filepath)
+        mmengine.mkdir_or_exist(os.path.dirname(path))
+        _publish(lambda f: f.write(obj), path, binary=encoding is None, encoding=encoding)
+
+    if mode == "wb":
+        @functools.wraps(original)
+        def put(self: Any, obj: bytes, filepath: Any) -> None:
+            publish(obj, filepath, None)
+
+        return put
+
+    @functools.wraps(original)
+    def put_text(self: Any, obj: str, filepath: Any, encoding: str = "utf-8") -> None:
+        publish(obj, filepath, encoding)
+
+    return put_text
+
+
+class _AtomicTextFile:
+    """What ``open(path, "w")`` returns for ``last_checkpoint``: renamed into place on close."""
+
+    def __init__(self, path: str, encoding: str | None) -> None:
+        self._path = path
+        fd, self._temp = _temp_beside(path)
+        self._file = os.fdopen(fd, "w", encoding=encoding)
+
+    def write(self, text: str) -> int:
+        return self._file.write(text)
+
+    def close(self, publish: bool = True) -> None:
+        if self._file.closed:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        if publish:
+            os.chmod(self._temp, 0o666 & ~_umask())
+            os.replace(self._temp, self._path)
+        else:
+            os.unlink(self._temp)
+
+    def __enter__(self) -> _AtomicTextFile:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close(publish=exc_type is None)
+
+
+def atomic_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+    """``open`` for mmengine's checkpoint hook: a plain ``"w"`` write is published atomically."""
+    if mode == "w" and not args and set(kwargs) <= {"encoding"} and not isinstance(file, int):
+        return _AtomicTextFile(os.fspath(file), kwargs.get("encoding"))
+    return open(file, mode, *args, **kwargs)
+
+
+# -- resume: the leader decides, every rank waits for that complete file ----------------------------
+
+
+def make_find_latest_checkpoint(original: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``find_latest_checkpoint`` that returns a checkpoint only once this process can see it.
+
+    Non-collective (FlexibleRunner and strategies call it on their own): ``last_checkpoint``
+    may name a file another node published a moment ago and this client does not see yet.
+    """
+
+    @functools.wraps(original)
+    def find_latest_checkpoint(path: str) -> Any:
+        found = original(path)
+        if found and "://" not in found and not os.path.exists(found):
+            from sharedfs.dirs import wait_for
+
+            wait_for(found, what=f"checkpoint {found} named by {os.path.join(path, 'last_checkpoint')}")
+        return found
+
+    return find_latest_checkpoint
+
+
+
+def make_load_or_resume(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``Runner.load_or_resume`` where auto-resume's checkpoint is chosen once, by rank 0.
+
+    ``Runner.train()``/``val()``/``test()`` call this on every rank (mmengine itself
+    runs collectives right around it), so broadcasting the leader's choice is safe
+    here; a single process keeps mmengine's behaviour exactly.
+    """
+
+    @functools.wraps(original)
+    def load_or_resume(self: Any) -> None:
+        if self._has_loaded or not (self._resume and self._load_from is None):
+            return original(self)
+        from mmengine.dist import broadcast_object_list, get_world_size, is_main_process
+        from mmengine.runner import checkpoint as checkpoint_module
+
+        find_latest_checkpoint = checkpoint_module.find_latest_checkpoint
+
+        if get_world_size() <= 1:
+            return original(self)
+        choice = [find_latest_checkpoint(self.work_dir) if is_main_process() else None]
+        broadcast_object_list(choice, src=0)  # collective: every rank of Runner.train() is here
+        resume_from = choice[0]
+        if resume_from is None:
+            return None  # nothing to resume on rank 0, so on no rank: all start together
+        if not is_main_process():
+            from sharedfs.dirs import wait_for
+
+            # Non-collective wait: rank 0 published it by rename, so once visible it is complete.
+            wait_for(resume_from, what=f"checkpoint {resume_from} chosen by rank 0 for resuming")
+        self.logger.info(f"sharedfs: every rank resumes from {resume_from} (chosen by rank 0)")
+        self.resume(resume_from)
+        self._has_loaded = True
+
+    return load_or_resume
+
+
+# mmengine may already be imported when this module is (``custom_imports`` in a config, or a late
+# target import): make the string form ``dict(type="SharedFSHook")`` resolvable right away, even
+# when the shim itself is disabled (the hook then only says so).
+if "mmengine.registry" in sys.modules:  # pragma: no branch
+    try:
+        _register_hook(sys.modules["mmengine.registry"].HOOKS)
+    except Exception:  # noqa: BLE001 - the shim's apply() registers it (and reports errors) too
+        pass
+
+
+@hookimpl
+def sharedfs_register_shims() -> list[Shim]:
+    return [MmengineShim()]
