@@ -62,9 +62,11 @@ def run_one(script: Path, timeout: float) -> tuple[list[dict], float, str | None
     return rows, took, None
 
 
-def fmt(value: float | None, unit: str = "") -> str:
+def fmt(value: float | list | None, unit: str = "") -> str:
     if value is None:
         return "-"
+    if isinstance(value, list):  # per-node counts, e.g. preparations on node a / node b
+        return " / ".join(str(v) for v in value)
     text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return f"{text} {unit}".strip()
 

@@ -163,8 +163,17 @@ def main() -> int:
     }
     summary["goal_met"] = bool(shared) and len(shared) == len(results["sharedfs"]) and \
         summary["sharedfs_recovery_s_median"] < 3.0
-    if args.json:
-        print(json.dumps({"summary": summary, "rounds": results}, indent=2))
+    if args.json:  # the row schema of benchmarks/run_all.py
+        print(json.dumps([
+            {"what": "rerun on another node acquires a cancelled job's lock (rounds)",
+             "sharedfs": summary["sharedfs_acquired"], "baseline": summary["filelock_acquired"], "unit": "",
+             "ratio": None, "goal": "every round", "met": len(shared) == len(results["sharedfs"])},
+            {"what": "seconds from Slurm reporting the job ended to acquisition (median; filelock: never)",
+             "sharedfs": summary["sharedfs_recovery_s_median"] if shared else None, "baseline": None, "unit": "s",
+             "ratio": None, "goal": "< 3 s", "met": summary["goal_met"]},
+            {"what": "one squeue liveness query, uncached", "sharedfs": costs["squeue_ms"], "baseline": None,
+             "unit": "ms", "ratio": None, "goal": "-", "met": True},
+        ], indent=2))
         return 0
     rows = [
         ("lock acquired after holder's job cancelled", summary["sharedfs_acquired"], summary["filelock_acquired"]),

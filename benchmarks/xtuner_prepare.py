@@ -112,13 +112,24 @@ def job(python: str, tiny: Path, work: Path, nodes: list[str], env: dict[str, st
             "preparers": {node: len(pids) for node, pids in preparers.items()}}
 
 
+def _xtuner_python() -> str:
+    """This interpreter if it has XTuner, else the newest venv tests/integration/test_xtuner.py built."""
+    if subprocess.run([sys.executable, "-c", "import xtuner"], capture_output=True).returncode == 0:
+        return sys.executable
+    cache = Path(os.environ.get("SHAREDFS_TEST_VENV_CACHE", "/var/tmp/sharedfs-test-venvs"))
+    built = sorted(cache.glob("xtuner-*/bin/python"), key=lambda p: p.stat().st_mtime)
+    return str(built[-1]) if built else sys.executable
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--python", default=sys.executable, help="interpreter of a venv with the XTuner stack")
+    parser.add_argument("--python", default=None,
+                        help="interpreter of a venv with the XTuner stack (default: the one the tests built)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rows", type=int, default=2000, help="Alpaca rows to prepare")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.python = args.python or _xtuner_python()
     check = subprocess.run([args.python, "-c", "import xtuner, sharedfs"], capture_output=True, text=True)
     if check.returncode != 0:
         raise SystemExit(f"{args.python} cannot import xtuner and sharedfs ({check.stderr.strip().splitlines()[-1]}); "

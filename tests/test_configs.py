@@ -24,7 +24,8 @@ needs_mmengine = pytest.mark.skipif(
 def test_every_config_file_is_covered() -> None:
     found = {p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert found == {"mmengine_sharedfs.py", "xtuner/llama2_7b_qlora_alpaca_e3_sharedfs.py",
-                     "slurm/xtuner_train.sbatch", "policy/gpfs.toml", "policy/lustre.toml", "policy/nfs.toml"}
+                     "slurm/xtuner_train.sbatch", "slurm/epilog.sh", "policy/gpfs.toml", "policy/lustre.toml",
+                     "policy/nfs.toml"}
 
 
 @pytest.mark.parametrize("path", POLICIES, ids=[p.stem for p in POLICIES])
@@ -103,5 +104,14 @@ def test_slurm_batch_script() -> None:
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=" in text
     assert 'srun --kill-on-bad-exit=1 xtuner train "$CONFIG" --launcher slurm' in text
     assert "SHAREDFS_CONFIG" in text and "XTUNER_DATASET_TIMEOUT" in text
+    assert 'eval "$(sharedfs env)"' in text
     # The default policy file it points at exists.
     assert "$HERE/../policy/lustre.toml" in text and (CONFIGS / "policy" / "lustre.toml").exists()
+
+
+def test_slurm_epilog_cleans_exactly_the_job() -> None:
+    script = CONFIGS / "slurm" / "epilog.sh"
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert 'sharedfs cleanup --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID"' in script.read_text()
+    assert os.access(script, os.X_OK)
