@@ -18,13 +18,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, require
 
 from sharedfs.testing.nodes import assert_all_ok, run_on_nodes
 from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
 
-pytest.importorskip("wids", reason="needs wids==0.1.11 (scripts/requirements-test.txt)")
-pytest.importorskip("torch", reason="needs torch==2.13.0: wids imports torch.distributed")
+require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
+require("torch", "needs torch==2.13.0: wids imports torch.distributed")
 
 pytestmark = pytest.mark.slow
 TESTS = str(Path(__file__).resolve().parents[1])
