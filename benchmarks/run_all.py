@@ -9,7 +9,7 @@ list of rows::
 ``results.md`` gets one table (what, sharedfs, baseline, ratio, goal, machine) and the
 machine and versions that produced it; ``results.png`` charts every ratio against its goal.
 
-    python benchmarks/run_all.py [--only NAME] [--timeout 600]
+    python benchmarks/run_all.py [--only NAME] [--timeout 600] [--render]
 """
 
 from __future__ import annotations
@@ -62,9 +62,11 @@ def run_one(script: Path, timeout: float) -> tuple[list[dict], float, str | None
     return rows, took, None
 
 
-def fmt(value: float | list | None, unit: str = "") -> str:
+def fmt(value: float | str | list | None, unit: str = "") -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # already formatted, e.g. "5/5" rounds
+        return value
     if isinstance(value, list):  # per-node counts, e.g. preparations on node a / node b
         return " / ".join(str(v) for v in value)
     text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
@@ -118,7 +120,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="run only benchmarks whose file name contains this")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--render", action="store_true", help="only re-render results.md/.png from results.json")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads((HERE / "results.json").read_text())
+        results = {name: tuple(value) for name, value in saved["results"].items()}
+        write_markdown(results, saved["machine"], HERE / "results.md")
+        write_chart(results, HERE / "results.png")
+        print((HERE / "results.md").read_text())
+        return 0
     scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run_all.py" and not p.name.startswith("_"))
     if args.only:
         scripts = [p for p in scripts if any(o in p.name for o in args.only)]
@@ -129,6 +139,8 @@ def main() -> int:
         rows, took, error = results[script.stem]
         print(f"    {'FAILED: ' + error if error else f'{len(rows)} rows'} ({took:.0f} s)", flush=True)
     info = machine()
+    # Raw rows first: rendering can then be redone (--render) without rerunning the benchmarks.
+    (HERE / "results.json").write_text(json.dumps({"machine": info, "results": results}, indent=2))
     write_markdown(results, info, HERE / "results.md")
     write_chart(results, HERE / "results.png")
     print((HERE / "results.md").read_text())
