@@ -99,13 +99,12 @@ def fresh_runtime(monkeypatch: pytest.MonkeyPatch):
 
 
 def require(module: str, reason: str) -> None:
-    """Import ``module`` for a test file, or skip the file with ``reason`` -- a failure under CI,
-    where scripts/setup.sh installs every test requirement and a skip would hide a broken setup."""
+    """Import ``module`` for a test file, or skip the file with ``reason`` (a failure under CI)."""
     import importlib
+
+    from sharedfs.testing.pytest_plugin import skip_or_fail
 
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"required test dependency missing in CI: {reason} ({exc})") from exc
-        pytest.skip(reason, allow_module_level=True)
+        skip_or_fail(f"{reason} ({exc})", module_level=True)

@@ -9,7 +9,6 @@ separate processes on simulated nodes (``SHAREDFS_NODE_ID``) in a real gloo grou
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -18,17 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 
-from conftest import clean_env
+from conftest import clean_env, require
 from sharedfs.testing.nodes import NodeResult, run_on_nodes
 
-_MISSING = [name for name in ("torch", "mmengine") if importlib.util.find_spec(name) is None]
-if _MISSING:  # a skip outside CI says why; in CI (CI=true) it is a failure
-    _WHY = f"{', '.join(_MISSING)} missing: pip install -r scripts/requirements-test.txt (mmengine==0.10.6, torch)"
-    if os.environ.get("CI"):
-        raise ImportError(_WHY)
-    pytest.skip(_WHY, allow_module_level=True)
+for _name in ("torch", "mmengine"):
+    require(_name, "needs mmengine==0.10.6 and torch (pip install -r scripts/requirements-test.txt)")
 
 TESTS = Path(__file__).resolve().parents[1]
 LAUNCH = str(TESTS / "xt_launch.py")
