@@ -35,7 +35,7 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> list[Layer]:
     node = environ.get("SLURMD_NODENAME", "").strip()
     if not node:
         return []
-    return [Layer("slurm", SLURM_PRIORITY, {"node_id": node}, {"node_id": "SLURMD_NODENAME"})]
+    return [Layer("slurm", SLURM_PRIORITY, {"node_id": node}, {"node_id": "SLURMD_NODENAME"}, authoritative=True)]
 
 
 @hookimpl

@@ -31,6 +31,10 @@ class Layer:
     priority: int
     values: Mapping[str, Any]
     origins: Mapping[str, str] = field(default_factory=dict)
+    #: The values are facts the environment reports (the scheduler's node name), not
+    #: preferences: a higher layer may override them, but the Policy then records the
+    #: disagreement (:attr:`Policy.conflicts`) and sharedfs stops trusting that value.
+    authoritative: bool = False
 
     def origin(self, key: str) -> str:
         return self.origins.get(key, f"{self.name}: {key}")
@@ -41,6 +45,18 @@ class LockChoice:
     """What ``sharedfs_choose_lock`` decided for one path, and why (one plain sentence)."""
 
     kind: str  # "flock", "posix", "soft" or "lease"
+    reason: str
+
+
+@dataclass(frozen=True)
+class CachePlacement:
+    """Where one framework's cache goes, decided by ``sharedfs_cache_placement``.
+
+    ``path`` ``None`` leaves the framework's own choice (its default, or the user's
+    variable); ``reason`` is one plain sentence for the log and ``sharedfs status``.
+    """
+
+    path: str | None
     reason: str
 
 
@@ -59,6 +75,13 @@ class Policy:
     node_id: str
     disable: tuple[str, ...]
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: setting -> why its value disagrees with what the environment reports (see :class:`Layer`).
+    conflicts: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def node_id_trusted(self) -> bool:
+        """False when ``node_id`` contradicts the scheduler: it then never proves a lock holder dead."""
+        return "node_id" not in self.conflicts
 
     def source(self, name: str) -> str:
         """Where ``name``'s value came from: ``default``, a variable, a file key, or ``explicit``."""
@@ -69,7 +92,7 @@ class Policy:
         return {
             f.name: {"value": _jsonable(getattr(self, f.name)), "source": self.source(f.name)}
             for f in fields(self)
-            if f.name != "sources"
+            if f.name not in ("sources", "conflicts")
         }
 
     def shim_disabled(self, name: str) -> bool:
@@ -80,6 +103,7 @@ def resolve(layers: Iterable[Layer]) -> Policy:
     """Merge ``layers`` (lowest priority first) over the defaults and validate every value."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    facts: dict[str, tuple[Any, str]] = {}
     for setting in SETTINGS:
         values[setting.name] = setting.default
         sources[setting.name] = "default"
@@ -93,10 +117,16 @@ def resolve(layers: Iterable[Layer]) -> Policy:
             except (TypeError, ValueError):
                 raise ConfigError(layer.origin(key), raw, setting.expected) from None
             sources[key] = layer.origin(key)
+            if layer.authoritative:
+                facts[key] = (values[key], layer.origin(key))
     if values["node_id"] is None:
         values["node_id"] = default_node_id()
         sources["node_id"] = "default (host name)"
-    return Policy(**values, sources=MappingProxyType(sources))
+    conflicts = {
+        key: f"{sources[key]}={values[key]!r} disagrees with {origin}={fact!r}"
+        for key, (fact, origin) in facts.items() if values[key] != fact
+    }
+    return Policy(**values, sources=MappingProxyType(sources), conflicts=MappingProxyType(conflicts))
 
 
 def explicit_layer(settings: Mapping[str, Any]) -> Layer:

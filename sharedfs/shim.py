@@ -2,18 +2,22 @@
 
 A shim module (``sharedfs/shims/<framework>.py``) defines one :class:`Shim`
 subclass and returns an instance from the ``sharedfs_register_shims`` hook.
-It applies the policy it is given and decides nothing itself.  Every change it
-makes goes through its :class:`Patcher`, so ``unpatch`` restores exactly what
-was there (the OpenTelemetry ``instrument``/``uninstrument`` habit).
+It applies what it is handed -- the :class:`~sharedfs.Policy` and a
+:class:`ShimContext` with the plugins' decisions for its framework -- and
+decides nothing itself: no environment reads, no hook calls, no second look at
+the process's policy.  Every change it makes goes through its :class:`Patcher`,
+so ``unpatch`` restores exactly what was there (the OpenTelemetry
+``instrument``/``uninstrument`` habit).
 """
 
 from __future__ import annotations
 
 import sys
 from types import ModuleType
+from dataclasses import dataclass
 from typing import Any, ClassVar, MutableMapping
 
-from ._policy import Policy
+from ._policy import CachePlacement, Policy
 
 _MISSING = object()
 
@@ -57,6 +61,18 @@ class Patcher:
         return out
 
 
+@dataclass(frozen=True)
+class ShimContext:
+    """The plugins' decisions for one shim, made by the kernel before :meth:`Shim.apply` runs.
+
+    ``cache`` is where the framework's cache goes (``None`` when the shim declares no
+    cache variable).  Deciding it may raise :class:`sharedfs.UnsafeDirectoryError`: the
+    import then fails with that error instead of falling back to an unsafe default.
+    """
+
+    cache: CachePlacement | None = None
+
+
 class Shim:
     """Base class of every shim.
 
@@ -72,6 +88,11 @@ class Shim:
     distribution: ClassVar[str]
     #: PEP 440 specifier set of the versions this shim was written and tested for.
     supported: ClassVar[str]
+    #: The environment variable through which users choose this framework's cache
+    #: directory (``HF_DATASETS_CACHE``), and the framework's default when it is unset;
+    #: ``None`` for a framework without a cache sharedfs places.
+    cache_env: ClassVar[str | None] = None
+    cache_default: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self.patcher = Patcher()
@@ -81,7 +102,7 @@ class Shim:
     def applied(self) -> bool:
         return self.policy is not None
 
-    def patch(self, policy: Policy) -> None:
+    def patch(self, policy: Policy, context: ShimContext | None = None) -> None:
         """Apply ``policy`` to the (already imported) target.  Re-applies if the policy changed."""
         if self.policy == policy:
             return
@@ -89,7 +110,7 @@ class Shim:
             self.unpatch()
         module = sys.modules[self.target]
         try:
-            self.apply(module, policy)
+            self.apply(module, policy, context or ShimContext())
         except BaseException:
             self.patcher.restore()  # never leave a framework half-patched
             raise
@@ -100,6 +121,6 @@ class Shim:
         self.patcher.restore()
         self.policy = None
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:  # pragma: no cover - abstract
-        """Change ``module`` (through ``self.patcher``) so it follows ``policy``."""
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:  # pragma: no cover
+        """Change ``module`` (through ``self.patcher``) so it follows ``policy`` and ``context``."""
         raise NotImplementedError(f"{type(self).__name__}.apply")

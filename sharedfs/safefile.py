@@ -1,0 +1,71 @@
+"""Opening files on a shared filesystem that other users, or dead processes, may have left there.
+
+A group-writable project directory lets any member plant a symlink, a FIFO or a
+400 MB file where sharedfs expects a small record it wrote itself.  Everything
+sharedfs reads from such a place goes through :func:`read_untrusted`: no
+symlink is followed (``O_NOFOLLOW``), no open blocks (``O_NONBLOCK``: a FIFO
+or a device answers at once), only regular files are read, and never more than
+``limit`` bytes.  Anything unexpected is ``None``: "cannot tell", which every
+caller treats as the safe answer (a lock stays held, a shard stays cached).
+Everything sharedfs creates there goes through :func:`create_exclusive`
+(``O_CREAT|O_EXCL|O_NOFOLLOW``: a planted name, symlink or not, makes it fail
+instead of writing through it).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+__all__ = ["NOFOLLOW", "RECORD_LIMIT", "create_exclusive", "read_untrusted", "write_all"]
+
+#: Records sharedfs writes are a few hundred bytes; anything longer is not ours.
+RECORD_LIMIT = 4096
+#: Open flags for a file someone else may control: never follow a symlink, never block on open.
+NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def read_untrusted(path: str, limit: int = RECORD_LIMIT) -> tuple[bytes, os.stat_result] | None:
+    """The bytes of the regular file ``path`` and its ``fstat``, or ``None`` when it cannot be trusted to read.
+
+    Raises :class:`FileNotFoundError` when ``path`` does not exist (the caller
+    usually reads that as "released"); returns ``None`` for a symlink, a FIFO, a
+    device, a directory, a file longer than ``limit`` bytes, or one we may not
+    read.  The stat comes from the descriptor that was read, so the content and
+    the identity (inode, change time) belong to the same file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError:  # ELOOP (a symlink), EACCES, ENXIO (a FIFO without a writer), ...
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return None
+    return data, st
+
+
+def create_exclusive(path: str, mode: int) -> int:
+    """Create ``path``, which must not exist in any form, and return a writable descriptor.
+
+    ``mode`` is filtered by the umask as usual.  Raises :class:`FileExistsError`
+    when the name exists (a file, a directory, or a symlink, dangling or not).
+    """
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a short write on a full or slow filesystem)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
