@@ -4,25 +4,53 @@
 shared cache correct.  ``node-local`` moves caches to a job-scoped, per-user,
 mode-0700 directory on node-local storage (:func:`sharedfs.node_local_dir`).
 ``auto`` keeps a framework's default unless that default is a fixed name in a
-world-writable temp directory, which another user can create first and fill
-with planted content (failures.md section 5): wids' ``/tmp/_wids_cache``.
+directory every user of the node can write (wids' ``/tmp/_wids_cache``): another
+user can create it first and plant cache content there.  A directory the user
+chose through the framework's own variable always wins.
 """
 
 from __future__ import annotations
 
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
+import os
+import stat
 
-#: Frameworks whose default cache is a predictable path shared by every user of the node.
-SHARED_TMP_DEFAULTS = {"wids": "/tmp/_wids_cache"}
+from sharedfs._policy import CachePlacement, CacheRequest, Policy
+from sharedfs.dirs import node_local_dir
+from sharedfs.hookspecs import hookimpl
 
 
 @hookimpl
-def sharedfs_cache_placement(framework: str, policy: Policy) -> str | None:
+def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlacement | None:
+    if request.user_value:
+        over = " over SHAREDFS_CACHE=node-local" if policy.cache == "node-local" else ""
+        return CachePlacement(None, f"{request.variable}={request.user_value} is set (an explicit user setting "
+                                    f"wins{over})")
     if policy.cache == "shared":
-        return None
-    if policy.cache == "auto" and framework not in SHARED_TMP_DEFAULTS:
-        return None
-    from sharedfs.dirs import node_local_dir
+        return CachePlacement(None, f"{request.framework}'s own default kept ({policy.source('cache')}: shared)")
+    if policy.cache == "auto":
+        writable_by_all = _writable_by_everyone(request.default)
+        if writable_by_all is None:
+            return CachePlacement(None, f"{request.framework}'s own default kept (cache=auto)")
+        where = str(node_local_dir(request.framework, policy=policy))
+        return CachePlacement(where, f"the default {request.default} is in {writable_by_all}, which every user of "
+                                     "this node can write (another user could create it first); using a private "
+                                     "node-local directory (cache=auto)")
+    where = str(node_local_dir(request.framework, policy=policy))
+    return CachePlacement(where, f"node-local ({policy.source('cache')})")
 
-    return str(node_local_dir(framework, policy=policy))
+
+def _writable_by_everyone(default: str | None) -> str | None:
+    """The nearest existing ancestor of ``default`` if every user may create entries in it."""
+    if not default:
+        return None
+    path = os.path.abspath(os.path.expanduser(default))
+    while True:
+        parent = os.path.dirname(path)
+        try:
+            st = os.stat(parent)
+        except OSError:
+            if parent == path:
+                return None
+            path = parent
+            continue
+        return parent if st.st_mode & stat.S_IWOTH else None

@@ -49,6 +49,19 @@ class LockChoice:
 
 
 @dataclass(frozen=True)
+class CacheRequest:
+    """What the kernel tells ``sharedfs_cache_placement`` about one framework's cache."""
+
+    framework: str
+    #: The framework's own variable for its cache directory (``WIDS_CACHE``) ...
+    variable: str
+    #: ... its value in this process's environment, if set (the user's explicit choice) ...
+    user_value: str | None
+    #: ... and where the framework puts its cache when it is unset.
+    default: str | None
+
+
+@dataclass(frozen=True)
 class CachePlacement:
     """Where one framework's cache goes, decided by ``sharedfs_cache_placement``.
 

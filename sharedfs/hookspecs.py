@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .fsinfo import FsInfo, Mount
     from .identity import ProcessIdentity
     from .locks import HolderRecord
-    from ._policy import Layer, LockChoice, Policy
+    from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
     from .shim import Shim
 
 #: One name for the hook prefix, the pluggy project and the entry-point group.
@@ -114,15 +114,21 @@ def sharedfs_choose_lock(path: str, fs: FsInfo, policy: Policy) -> LockChoice | 
 
 
 @hookspec(firstresult=True)
-def sharedfs_cache_placement(framework: str, policy: Policy) -> str | None:
-    """Name the cache directory ``framework`` should use, or ``None`` to keep its own.
+def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlacement | None:
+    """Decide where one framework's cache directory goes.
 
-    *firstresult*.  Called by shims (``datasets``, ``webdataset``, ``wids``)
-    when they apply the policy.  The built-in ``cache`` plugin returns a
-    node-local, job-scoped directory under ``policy.cache == "node-local"``
-    and ``None`` (leave the framework's default) under ``shared``.
+    *firstresult*.  Asked by the kernel once per shim and policy, before the
+    shim is applied (the shim receives the answer in its ``ShimContext``).
+    The built-in ``cache`` plugin keeps a directory the user chose through the
+    framework's own variable, keeps the framework's default under
+    ``cache = "shared"``, and returns a private, job-scoped node-local
+    directory under ``cache = "node-local"`` -- and under ``auto`` when the
+    default is a fixed name in a directory every user can write (wids'
+    ``/tmp/_wids_cache``).  Raise :class:`sharedfs.UnsafeDirectoryError` when
+    no safe directory can be had: the framework's import then fails with that
+    error rather than falling back to the unsafe default.
 
-    :param framework: the shim name asking, e.g. ``"datasets"``.
+    :param request: the framework, its cache variable, the user's value of it and its default.
     :param policy: the policy in force.
     """
 
