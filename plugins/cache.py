@@ -19,7 +19,7 @@ from sharedfs.dirs import node_local_dir
 from sharedfs.hookspecs import hookimpl
 
 
-@hookimpl
+@hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
 def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlacement | None:
     if request.user_value:
         over = " over SHAREDFS_CACHE=node-local" if policy.cache == "node-local" else ""

@@ -16,7 +16,7 @@ def _int(environ: Mapping[str, str], name: str) -> int | None:
         return None
 
 
-@hookimpl
+@hookimpl(tryfirst=True)  # an initialised process group or torchrun knows better than Slurm
 def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | None:
     # Only look at torch if the program already imported it: importing torch costs seconds.
     dist = sys.modules.get("torch.distributed")

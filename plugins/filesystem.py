@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sharedfs.fsinfo import MAGIC, FsInfo, Mount, magic_name
+from sharedfs.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, FsInfo, Mount, magic_name
 from sharedfs.hookspecs import hookimpl
 
 __all__ = ["classify", "sharedfs_classify_filesystem"]
 
-COHERENT, NODE_LOCAL, ABSENT = "coherent", "node-local", "absent"
 
 # Filesystems only this node can see.  A lock that excludes every process on
 # the node excludes everyone, so they count as local.
@@ -35,7 +34,7 @@ _PSEUDO_FS_2 = ("securityfs", "pstore", "bpf", "configfs", "efivarfs", "binfmt_m
 _LOCAL_FSTYPES = frozenset(_BLOCK_FS + _MEDIA_FS + _MEMORY_FS + _PSEUDO_FS + _PSEUDO_FS_2)
 
 
-@hookimpl
+@hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
 def sharedfs_classify_filesystem(mount: Mount) -> FsInfo | None:
     """Hook implementation: the built-in classification (always answers)."""
     return classify(mount)

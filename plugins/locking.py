@@ -1,35 +1,52 @@
 """Choose the lock kind for a path from its filesystem and the ``lock`` setting.
 
+This is the one place a lock kind is decided (the kernel asks it once per
+directory and setting, through ``sharedfs_choose_lock``, and caches the answer).
+
 Correct before fast: a lock that excludes only within one node is treated as
 no lock at all on a path other nodes share (GPFS flock: filelock#389; NFS
 ``local_lock=all``: 2653 overlaps in 2829 acquisitions, claude-swap#372).
+On a shared filesystem a native lock also takes the existence marker
+(``LockChoice.marker``), so a process that must fall back to an existence lock
+at run time (its node's lockd died) stays mutually exclusive with the rest.
 """
 
 from __future__ import annotations
 
-from sharedfs.fsinfo import FsInfo
-from sharedfs.hookspecs import hookimpl
 from sharedfs._policy import LockChoice, Policy
+from sharedfs.fsinfo import COHERENT, NODE_LOCAL, FsInfo
+from sharedfs.hookspecs import hookimpl
+
+NATIVE = ("flock", "posix")  # cheapest first
 
 
-@hookimpl
+@hookimpl(trylast=True)  # the built-in rule: a site plugin's answer comes first
 def sharedfs_choose_lock(path: str, fs: FsInfo, policy: Policy) -> LockChoice:
+    return decide(fs, policy)
+
+
+def excludes_everyone(fs: FsInfo, kind: str) -> bool:
+    """Whether a ``kind`` lock on ``fs`` excludes every process that can reach the file."""
+    state = getattr(fs, kind)
+    return state == COHERENT or (not fs.shared and state == NODE_LOCAL)
+
+
+def decide(fs: FsInfo, policy: Policy) -> LockChoice:
+    """The lock kind for a file on ``fs`` under ``policy``, with the reason in one sentence."""
     where = f"{fs.kind} ({fs.mount.fstype} at {fs.mount.mount_point})"
-    safe = fs.safe_lock()
+    safe = next((kind for kind in NATIVE if excludes_everyone(fs, kind)), None)
     if policy.lock != "auto":
         requested = policy.lock
-        unsafe = (requested == "flock" and fs.flock != "coherent" and (fs.shared or fs.flock == "absent")) or (
-            requested == "posix" and fs.posix != "coherent" and (fs.shared or fs.posix == "absent")
-        )
-        if not unsafe:
-            return LockChoice(requested, f"{policy.source('lock')} asks for {requested}")
+        if requested not in NATIVE or excludes_everyone(fs, requested):
+            return _choice(requested, f"{policy.source('lock')} asks for {requested}", fs)
         fallback = safe or "soft"
-        return LockChoice(
-            fallback,
-            f"{policy.source('lock')} asks for {requested}, but {requested} on {where} is "
-            f"{getattr(fs, requested)}; using {fallback} so other nodes are excluded too",
-        )
+        return _choice(fallback, f"{policy.source('lock')} asks for {requested}, but {requested} on {where} is "
+                                 f"{getattr(fs, requested)}; using {fallback} so other nodes are excluded too", fs)
     if safe is not None:
-        return LockChoice(safe, f"{safe} is {'cluster-coherent' if fs.shared else 'reliable'} on {where}")
+        return _choice(safe, f"{safe} is {'cluster-coherent' if fs.shared else 'reliable'} on {where}", fs)
     why = "; ".join(fs.notes) if fs.notes else "no lock known to exclude across nodes"
-    return LockChoice("soft", f"existence lock on {where}: {why}")
+    return _choice("soft", f"existence lock on {where}: {why}", fs)
+
+
+def _choice(kind: str, reason: str, fs: FsInfo) -> LockChoice:
+    return LockChoice(kind, reason, marker=fs.shared and kind in NATIVE)

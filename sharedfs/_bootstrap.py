@@ -4,23 +4,26 @@ Every Python process on a cluster pays for this module (each rank, each
 DataLoader worker, each subprocess), so it is stdlib-only and imports nothing
 that ``site`` has not already imported.  It installs one ``sys.meta_path``
 finder that notices when a target framework has *finished* executing and only
-then hands over to :mod:`sharedfs.runtime` (pluggy, metadata, policy, shims).
+then hands over to :mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
+
+This module is the top of the kernel's import graph (an entry point, like the
+CLI): it imports the rest only when a target has been imported, and nothing in
+the kernel imports it except :mod:`sharedfs.control`.
 """
 
 import os
 import sys
 
-# The two names the bootstrap needs are defined here, not imported from envvars, because
-# every module imported at start-up costs every process ~0.15 ms; envvars re-exports them.
-#: ``1``/``true``/``yes``/``all``: install nothing.  ``datasets,wids``: block those shims.
+# The bootstrap reads one variable.  Its name and values are spelled here as well as in
+# ``sharedfs.envvars`` because every module imported at start-up costs every process
+# ~0.15 ms; tests/test_shim.py checks that the two agree.
 DISABLE = "SHAREDFS_DISABLE"
-#: Values of ``SHAREDFS_DISABLE`` (and ``SHAREDFS_STRICT``) that mean "everything" / "on".
 TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
 
 #: Built-in shim name -> the module whose import triggers it.  A static table, as
-#: in ddtrace's ``_monkey.py``, so that nothing has to be imported to know it.
-#: A shim lands here together with its module in shims/.
+#: in ddtrace's ``_monkey.py``, so that nothing has to be imported to know it; each
+#: shim declares the same ``target`` (tests/test_shim.py checks that they agree).
 TARGETS = {
     "datasets": "datasets",
     "webdataset": "webdataset",
@@ -29,6 +32,7 @@ TARGETS = {
     "huggingface_hub": "huggingface_hub.utils._fixes",
     "mmengine": "mmengine",
     "xtuner": "xtuner.dataset.huggingface",  # defines process_hf_dataset; `import xtuner` does not load it
+    "torch": "torch.utils.data",  # DataLoader; imported by `import torch`
 }
 
 _finder = None
@@ -90,9 +94,15 @@ def add_targets(module_names):
 def _activate(module_name):
     # Imported here, not at the top: this is where pluggy, importlib.metadata and
     # the policy get loaded, and only once a target framework is really in use.
-    from .runtime import activate
+    from .activation import activate
 
-    activate(module_name)
+    known = activate(module_name)
+    # Third-party shims (from entry points) may target modules the static table lacks.
+    new = known - _finder.targets if _finder is not None else set()
+    add_targets(new)
+    for name in sorted(new):
+        if name in sys.modules:
+            _activate(name)
 
 
 class _TargetFinder:

@@ -46,6 +46,9 @@ class LockChoice:
 
     kind: str  # "flock", "posix", "soft" or "lease"
     reason: str
+    #: A native kind also takes the existence marker (chosen on shared filesystems: a process
+    #: that falls back to an existence lock at run time must still be excluded).
+    marker: bool = False
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def status_report() -> dict[str, Any]:
     """Everything ``sharedfs status`` shows, as data."""
-    from . import _bootstrap, runtime
+    from . import _bootstrap, activation, runtime
     from .errors import ConfigError
 
     report: dict[str, Any] = {
@@ -76,22 +76,18 @@ def status_report() -> dict[str, Any]:
         report["config_error"] = str(exc)
         current = None
     report["policy"] = current.as_dict() if current else None
+    report["conflicts"] = dict(current.conflicts) if current else {}
     shims = []
-    for name, state in sorted(runtime.shim_states().items()):
+    for name, state in sorted(activation.shim_states().items()):
         shim = state.shim
-        version = runtime.installed_version(shim)
-        supported = None
-        if version is not None:
-            from packaging.specifiers import SpecifierSet
-
-            supported = SpecifierSet(shim.supported, prereleases=True).contains(version)
+        supported = activation.version_supported(state)
         shims.append({
             "name": name,
             "target": shim.target,
             "distribution": shim.distribution,
-            "installed": version,
+            "installed": state.installed_version,
             "supported_versions": shim.supported,
-            "supported": supported,
+            "supported": supported if state.installed_version else None,
             "enabled": bool(current) and not current.shim_disabled(name),
             "applied": shim.applied,
             "patches": shim.patcher.changes(),
@@ -157,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- doctor -------------------------------------------------------------------------------------
 
 
-#: What users see from their tools when a probe fails with this errno (failures.md section 1).
+#: What users see from their tools when a probe fails with this errno (datasets#6395, datasets#1672).
 SYMPTOMS = {
     "ENOSYS": "filelock < 3.24 and datasets raise \"FileSystem does not appear to support flock\"",
     "ENOLCK": "filelock, datasets and wids raise \"[Errno 37] No locks available\" (no filelock release falls back)",
@@ -165,17 +161,18 @@ SYMPTOMS = {
 
 
 def doctor_report(path: str) -> dict[str, Any]:
-    from . import runtime
+    from . import choices, runtime
     from .probe import probe
 
     path = os.path.abspath(path)
-    fs = runtime.describe_filesystem(path)
+    fs = choices.filesystem(path)
     current = runtime.policy()
-    choice = runtime.choose_lock(os.path.join(path, ".sharedfs-doctor.lock"), current)
+    choice = choices.lock_choice(os.path.join(path, ".sharedfs-doctor.lock"), current)
+    auto = choices.lock_choice(os.path.join(path, ".sharedfs-doctor.lock"), runtime.policy(lock="auto"))
     probes = probe(path)
     return {
         "path": path,
-        "filesystem": fs.as_dict(),
+        "filesystem": {**fs.as_dict(), "safe_lock": auto.kind if auto.kind in ("flock", "posix") else None},
         "probes": probes,
         "lock": {"kind": choice.kind, "reason": choice.reason},
         "cache": {"mode": current.cache, "source": current.source("cache")},
@@ -281,21 +278,21 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 def env_exports() -> dict[str, str]:
     """The variables a batch script should export so that a process without autoload gets our layout."""
-    from . import runtime
+    from . import activation, choices, runtime
     from .settings import SETTINGS
 
     current = runtime.policy()
     exports: dict[str, str] = {}
     for setting in SETTINGS:
+        if setting.name == "node_id":
+            continue  # per process, never exported: `srun` would hand one node's name to every node
         value = getattr(current, setting.name)
         if current.source(setting.name) != "default" and value not in (None, ()):
             exports[setting.env] = _env_text(value)
-    for framework, variable in (("datasets", "HF_DATASETS_CACHE"), ("webdataset", "WDS_CACHE"), ("wids", "WIDS_CACHE")):
-        if variable in os.environ:
-            continue  # the user's own choice wins
-        placed = runtime.registry().cache_placement(framework, current)
-        if placed:
-            exports[variable] = placed
+    for state in activation.shim_states().values():
+        placed = choices.cache_placement(state.shim, current)
+        if placed is not None and placed.path:
+            exports[state.shim.cache_env or ""] = placed.path
     return exports
 
 

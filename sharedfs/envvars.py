@@ -1,14 +1,13 @@
-"""Every environment variable sharedfs reads, in one place.
-
-``DISABLE`` and ``TRUE_VALUES`` are defined in the bootstrap (the only code that
-runs at interpreter start) and re-exported here.
-"""
-
-from ._bootstrap import DISABLE, TRUE_VALUES
+"""Every environment variable sharedfs reads, in one place (the OpenTelemetry habit)."""
 
 __all__ = ["DISABLE", "TRUE_VALUES", "STRICT", "CONFIG", "LOCK", "CACHE", "CACHE_ROOT", "WAIT_TIMEOUT",
            "LEASE_SECONDS", "MAX_WORKERS", "LOG", "NODE_ID"]
 
+#: ``1``/``true``/``yes``/``all``: install nothing.  ``datasets,wids``: block those shims.
+#: (The start-up bootstrap spells this name itself, to import nothing; a test keeps them equal.)
+DISABLE = "SHAREDFS_DISABLE"
+#: Values of ``SHAREDFS_DISABLE`` (and ``SHAREDFS_STRICT``) that mean "everything" / "on".
+TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
 #: ``1``: an internal error in a shim re-raises instead of being logged (CI uses it).
 STRICT = "SHAREDFS_STRICT"
 #: Path of a TOML policy file.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from filelock import Timeout as _FilelockTimeout
+
 
 class SharedFSError(Exception):
     """Base class of every error sharedfs raises on purpose."""
@@ -24,8 +26,22 @@ class ConfigError(SharedFSError, ValueError):
         super().__init__(message)
 
 
-class LockTimeout(SharedFSError, TimeoutError):
-    """A lock could not be acquired in time; the message names the holder."""
+class LockTimeout(SharedFSError, _FilelockTimeout):
+    """A lock could not be acquired in time; the message names the holder and how to clear it.
+
+    A ``filelock.Timeout`` (so code that catches filelock's exception, as every framework
+    does, catches this one), with ``.lock_file``; it pickles with its message.
+    """
+
+    def __init__(self, lock_file: str, message: str = "") -> None:
+        _FilelockTimeout.__init__(self, lock_file)
+        self._message = message or f"The file lock '{lock_file}' could not be acquired."
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return type(self), (self._lock_file, self._message)
 
 
 class WaitTimeout(SharedFSError, TimeoutError):

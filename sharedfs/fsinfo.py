@@ -76,6 +76,7 @@ KINDS = (
 #: filesystem: processes on all nodes); ``node-local`` succeeds but excludes
 #: only processes on the same node; ``absent`` fails (see the ``*_errno`` field).
 LOCK_STATES = ("coherent", "node-local", "absent")
+COHERENT, NODE_LOCAL, ABSENT = LOCK_STATES
 
 
 # --------------------------------------------------------------------------
@@ -423,22 +424,19 @@ class FsInfo:
                 raise ValueError(f"FsInfo.{name}={value!r}; expected one of {', '.join(LOCK_STATES)}")
         object.__setattr__(self, "notes", tuple(self.notes))
 
-    def safe_lock(self) -> str | None:
-        """The cheapest lock kind that is correct for every process that can reach the file.
-
-        ``"flock"``, ``"posix"``, or ``None`` (use an existence/soft lock).  On a
-        shared filesystem only a ``coherent`` lock counts; on a node-local one
-        any lock that works at all excludes everyone who can see the file.
-        """
-        usable = ("coherent",) if self.shared else ("coherent", "node-local")
-        if self.flock in usable:
-            return "flock"
-        if self.posix in usable:
-            return "posix"
-        return None
+    def with_refused(self, refused: Mapping[str, str]) -> FsInfo:
+        """This classification corrected by what was seen at run time: ``{"flock": "ENOLCK"}``
+        means a flock on this mount failed with ENOLCK, whatever the mount options promised."""
+        changes: dict[str, Any] = {}
+        notes = list(self.notes)
+        for kind, errno_name in refused.items():
+            changes[kind] = ABSENT
+            changes[f"{kind}_errno"] = errno_name
+            notes.append(f"{kind} failed with {errno_name} at run time on this mount.")
+        return replace(self, notes=tuple(notes), **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable view, including :meth:`safe_lock`."""
+        """A JSON-serialisable view."""
         return {
             "mount": self.mount.as_dict(),
             "kind": self.kind,
@@ -448,6 +446,5 @@ class FsInfo:
             "posix": self.posix,
             "posix_errno": self.posix_errno,
             "o_excl_atomic": self.o_excl_atomic,
-            "safe_lock": self.safe_lock(),
             "notes": list(self.notes),
         }

@@ -8,8 +8,12 @@ the deciding hooks below; *shims* (``sharedfs.shims.*``) implement
 A plugin never patches anything; a shim never decides.
 
 Every hook is optional.  Hooks marked *firstresult* stop at the first
-implementation that returns something other than ``None``; implement them with
-``@hookimpl(tryfirst=True)`` to take precedence over the built-in plugins.
+implementation that returns something other than ``None``.  Precedence is
+explicit, as in pytest: the built-in *rules* (``filesystem``'s classification,
+``locking``'s choice, ``cache``'s placement) are ``trylast``, so a site plugin's
+plain ``@hookimpl`` answers first; the exact local liveness check is
+``tryfirst``, before the scheduler is asked.  Registration order is not
+relied upon anywhere.
 
 Third-party plugins register through the ``sharedfs`` entry-point group::
 
@@ -28,7 +32,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .fsinfo import FsInfo, Mount
     from .identity import ProcessIdentity
-    from .locks import HolderRecord
+    from .records import HolderRecord
     from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
     from .shim import Shim
 

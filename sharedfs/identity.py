@@ -1,8 +1,9 @@
 """Who this process is in a distributed job: rank, local rank, world size, node.
 
 The answer comes from the ``sharedfs_process_identity`` hook (plugins
-``distributed`` for torch.distributed / torchrun and ``slurm``); a process that
-no plugin recognises is rank 0 of 1 on its own node.
+``distributed`` for torch.distributed / torchrun and ``slurm``), through
+:func:`sharedfs.runtime.identity`; a process that no plugin recognises is rank 0
+of 1 on its own node.
 """
 
 from __future__ import annotations
@@ -39,9 +40,3 @@ class ProcessIdentity:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-
-def identity() -> ProcessIdentity:
-    """This process's identity, as the plugins see it now."""
-    from . import runtime
-
-    return runtime.identity()

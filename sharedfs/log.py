@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from . import runtime
 from .hookspecs import NAME
 
 log = logging.getLogger(NAME)
@@ -21,10 +22,8 @@ def decision(message: str, *, level: int = logging.INFO, every_rank: bool = Fals
         return
     _said.add(message)
     if not every_rank:
-        from .runtime import identity
-
         try:
-            if not identity().is_node_leader:
+            if not runtime.identity().is_node_leader:
                 return
         except Exception:  # noqa: BLE001 - a log line must never fail the caller
             pass

@@ -102,16 +102,19 @@ class HolderRecord:
     slurm_job: str | None = None
     slurm_step: str | None = None
     slurm_node: str | None = None
+    #: For ``kind == "lease"``: the holder renews its marker at least this often, else it is gone.
+    lease_seconds: float | None = None
 
     @classmethod
-    def mine(cls, node: str, kind: str, environ: Mapping[str, str] = os.environ) -> HolderRecord:
+    def mine(cls, node: str, kind: str, environ: Mapping[str, str] = os.environ,
+             lease_seconds: float | None = None) -> HolderRecord:
         """A record describing this process, now."""
         facts = process_facts()
         return cls(
             node=node, pid=facts.pid, acquired_at=time.time(), kind=kind, host=facts.host,
             start_time=facts.start_time, boot_id=facts.boot_id, pidns=facts.pidns, uid=facts.uid,
             slurm_job=_clean(environ.get("SLURM_JOB_ID")), slurm_step=_clean(environ.get("SLURM_STEP_ID")),
-            slurm_node=_clean(environ.get("SLURMD_NODENAME")),
+            slurm_node=_clean(environ.get("SLURMD_NODENAME")), lease_seconds=lease_seconds,
         )
 
     def to_bytes(self) -> bytes:
@@ -184,4 +187,5 @@ _SCHEMA = {
     "slurm_job": _optional_text,
     "slurm_step": _optional_text,
     "slurm_node": _optional_text,
+    "lease_seconds": lambda v: v is None or (_seconds(v) and 0 < v <= 86400),
 }

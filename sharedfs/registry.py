@@ -1,10 +1,11 @@
 """The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit).
 
-It registers the built-in plugins from a static tuple, the built-in shims from
-the bootstrap's static table, then third-party plugins from the ``sharedfs``
-entry-point group (scanned once, each in isolation so one broken plugin is
-reported, not fatal), and exposes one typed method per hook so nothing else
-touches ``pm.hook`` directly.
+It registers the built-in plugins and shims from static tuples, then
+third-party plugins from the ``sharedfs`` entry-point group (scanned once, each
+in isolation so one broken plugin is reported, not fatal), and exposes one typed
+method per hook so nothing else touches ``pm.hook`` directly.  Plugins are
+loaded by name (``importlib``), as pluggy loads entry points: the kernel never
+imports a plugin or a shim module statically.
 """
 
 from __future__ import annotations
@@ -17,20 +18,23 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import pluggy
 
 from . import hookspecs
-from ._bootstrap import TARGETS
+from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
 from .hookspecs import NAME
 from .identity import ProcessIdentity
-from ._policy import Layer, LockChoice, Policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fsinfo import FsInfo, Mount
-    from .locks import HolderRecord
+    from .records import HolderRecord
     from .shim import Shim
 
 log = logging.getLogger(NAME)
 
-#: Built-in deciding plugins, in registration order (later registration runs first in pluggy).
+#: Built-in deciding plugins.  Where the order of answers matters, the implementations say so
+#: with ``tryfirst``/``trylast`` (see hookspecs.py); registration order is not documentation.
 BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "liveness", "slurm", "distributed")
+#: Built-in shims, one module each in ``sharedfs/shims/``; the bootstrap's TARGETS names the
+#: module that triggers each (tests/test_shim.py checks that both tables agree).
+BUILTIN_SHIMS = ("datasets", "huggingface_hub", "webdataset", "wids", "mmengine", "xtuner", "torch")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Registry:
             self.pm.set_blocked(name)
         for name in BUILTIN_PLUGINS:
             self.pm.register(import_module(f"sharedfs.plugins.{name}"), name=name)
-        for name in TARGETS:
+        for name in BUILTIN_SHIMS:
             if name not in self.blocked:
                 self.pm.register(import_module(f"sharedfs.shims.{name}"), name=name)
         self.external: list[ExternalPlugin] = self._load_entry_points() if entry_points else []
@@ -105,8 +109,8 @@ class Registry:
             raise LookupError(f"no plugin chose a lock for {path}")
         return choice
 
-    def cache_placement(self, framework: str, policy: Policy) -> str | None:
-        return self.pm.hook.sharedfs_cache_placement(framework=framework, policy=policy)
+    def cache_placement(self, request: CacheRequest, policy: Policy) -> CachePlacement | None:
+        return self.pm.hook.sharedfs_cache_placement(request=request, policy=policy)
 
     def holder_alive(self, record: HolderRecord, policy: Policy) -> bool | None:
         return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy)

@@ -2,17 +2,17 @@
 
 ``num_workers=16`` copied from a workstation config onto a Slurm task that owns
 2 CPUs runs 16 processes on 2 cores, and for webdataset/wids every one of them
-opens, downloads and caches shards: it multiplies every shared-filesystem
-problem (failures.md section 2).  The budget is the smallest of what the
+opens, downloads and caches shards on its own: it multiplies every
+shared-filesystem problem.  The budget is the smallest of what the
 scheduler and the kernel allow: CPU affinity (``os.sched_getaffinity``; Slurm's
 task/affinity and ``taskset`` set it), ``SLURM_CPUS_PER_TASK``, and the cgroup
 CPU quota (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1; containers and
 Slurm's task/cgroup set it).  ``SHAREDFS_MAX_WORKERS`` overrides: ``auto``
 (that budget), an integer, or ``off``.
 
-The DataLoader patch is installed by framework shims (webdataset, wids), which
-register a predicate saying which datasets are theirs: a DataLoader over any
-other dataset is left exactly as the user built it.
+The ``torch`` shim patches ``DataLoader.__init__``; framework shims (webdataset,
+wids) register a predicate in :data:`PREDICATES` saying which datasets are
+theirs: a DataLoader over any other dataset is left exactly as the user built it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 from typing import Any, Callable
 
 from .log import decision
@@ -28,8 +27,6 @@ from .log import decision
 #: shim name -> "is this dataset one of yours?"  Shims add and remove entries through
 #: their Patcher, so unpatching a shim also withdraws its predicate.
 PREDICATES: dict[str, Callable[[Any], bool]] = {}
-
-_installed: tuple[type, Callable[..., None]] | None = None
 
 
 def cpu_budget(environ: Any = os.environ) -> tuple[int, str] | None:
@@ -83,12 +80,9 @@ def worker_cap(max_workers: int | str, environ: Any = os.environ) -> tuple[int, 
     return cpu_budget(environ)
 
 
-def capped(asked: int, framework: str) -> int:
-    """The ``num_workers`` to use instead of ``asked``; logs once when it differs."""
-    from .runtime import policy
-
-    current = policy()
-    cap = worker_cap(current.max_workers)
+def capped(asked: int, framework: str, max_workers: int | str) -> int:
+    """The ``num_workers`` to use instead of ``asked`` under the ``max_workers`` setting; logs once when it differs."""
+    cap = worker_cap(max_workers)
     if cap is None or asked <= cap[0]:
         return asked
     used, why = cap
@@ -98,7 +92,8 @@ def capped(asked: int, framework: str) -> int:
     return used
 
 
-def _owner(dataset: Any) -> str | None:
+def owner(dataset: Any) -> str | None:
+    """The shim whose framework made ``dataset``, or ``None`` (then its DataLoader is left alone)."""
     for name, predicate in list(PREDICATES.items()):
         try:
             if predicate(dataset):
@@ -106,53 +101,3 @@ def _owner(dataset: Any) -> str | None:
         except Exception:  # noqa: BLE001 - a predicate must never break a DataLoader
             continue
     return None
-
-
-def install() -> bool:
-    """Wrap ``torch.utils.data.DataLoader.__init__`` once (torch must already be imported)."""
-    global _installed
-    data = sys.modules.get("torch.utils.data")
-    if data is None:
-        return False
-    if _installed is not None:
-        return True
-    cls = data.DataLoader
-    original = cls.__dict__["__init__"]
-    import inspect
-
-    signature = inspect.signature(original)
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if PREDICATES:
-            try:
-                bound = signature.bind(self, *args, **kwargs)
-                owner = _owner(bound.arguments.get("dataset"))
-                asked = bound.arguments.get("num_workers", 0)
-                if owner is not None and isinstance(asked, int) and asked > 0:
-                    used = capped(asked, owner)
-                    if used != asked:
-                        bound.arguments["num_workers"] = used
-                        args, kwargs = bound.args[1:], bound.kwargs
-            except TypeError:
-                pass  # let the real __init__ report the bad call in its own words
-        original(self, *args, **kwargs)
-
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    __init__.__doc__ = original.__doc__
-    cls.__init__ = __init__
-    _installed = (cls, original)
-    return True
-
-
-def uninstall_if_unused() -> None:
-    """Put DataLoader back once no shim has a predicate registered any more."""
-    global _installed
-    if _installed is None or PREDICATES:
-        return
-    cls, original = _installed
-    cls.__init__ = original
-    _installed = None
-
-
-def installed() -> bool:
-    return _installed is not None

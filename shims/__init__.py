@@ -4,3 +4,8 @@ Each module defines one :class:`sharedfs.shim.Shim` and returns it from
 ``sharedfs_register_shims``.  A shim applies the policy it is given and never
 imports another shim; it imports its framework only inside ``apply``.
 """
+
+# In a source checkout this folder is also importable as the top-level ``shims`` package,
+# which would load each module a second time, with state of its own.  There is one name.
+if __name__ != "sharedfs.shims":
+    raise ImportError(f"import sharedfs.shims, not {__name__}: the built-in shims live in the sharedfs package")

@@ -17,7 +17,7 @@ Three more changes, each for a failure no filelock release can fix:
   (datasets writes map results to a temp file and renames it, so without the
   lock nothing is corrupted, but every rank redoes the work at once).
 * The cache moves to a node-local directory under ``SHAREDFS_CACHE=node-local``.
-* The multi-node pickle trap (failures.md section 5): a ``Dataset`` pickles its
+* The multi-node pickle trap: a ``Dataset`` pickles its
   memory-mapped Arrow table as a *path* (``MemoryMappedTable.__getstate__``).
   XTuner's ``process_hf_dataset`` prepares on rank 0 and
   ``broadcast_object_list``\\ s the dataset; a rank on another node then gets a
@@ -38,11 +38,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from sharedfs import choices
 from sharedfs._policy import Policy
-from sharedfs.errors import SharedFSError
+from sharedfs.dirs import node_local_root
+from sharedfs.errors import LockTimeout, SharedFSError
 from sharedfs.hookspecs import hookimpl
+from sharedfs.locks import drop_in, lock
 from sharedfs.log import decision
-from sharedfs.shim import Shim
+from sharedfs.shim import Shim, ShimContext
 
 #: Modules that bind ``FileLock`` by name at import time.
 LOCK_SITES = (
@@ -73,34 +76,38 @@ class DatasetsShim(Shim):
     distribution = "datasets"
     # utils/_filelock.py appeared in 2.14; tested with 3.6 and 5.2 (tests/integration/test_datasets.py).
     supported = ">=2.14,<6"
+    cache_env = "HF_DATASETS_CACHE"
+    cache_default = "~/.cache/huggingface/datasets"
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         original = sys.modules["datasets.utils._filelock"].FileLock
-        replacement = make_lock_class(original)
+        # datasets' own class (name hashing, umask-based mode) with sharedfs's kinds behind it.
+        replacement = drop_in(original, policy)
         for site in LOCK_SITES:
             site_module = sys.modules.get(site)
             if site_module is not None and getattr(site_module, "FileLock", None) is original:
                 self.patcher.setattr(site_module, "FileLock", replacement)
-        self._patch_map(sys.modules["datasets.arrow_dataset"].Dataset)
-        self._patch_pickling(sys.modules["datasets.table"].MemoryMappedTable)
-        self._place_cache(policy)
+        self._patch_map(sys.modules["datasets.arrow_dataset"].Dataset, policy)
+        self._patch_pickling(sys.modules["datasets.table"].MemoryMappedTable, policy)
+        if context.cache is not None and context.cache.path:
+            self._place_cache(Path(context.cache.path))
 
     # -- Dataset.map: one computation per input, the other ranks load it ---------------------
 
-    def _patch_map(self, dataset_cls: type) -> None:
+    def _patch_map(self, dataset_cls: type, policy: Policy) -> None:
         original = dataset_cls.__dict__["map"]
-        self.patcher.setattr(dataset_cls, "map", make_locked_map(original))
+        self.patcher.setattr(dataset_cls, "map", make_locked_map(original, policy))
 
     # -- the multi-node pickle trap -----------------------------------------------------------
 
-    def _patch_pickling(self, table_cls: type) -> None:
+    def _patch_pickling(self, table_cls: type, policy: Policy) -> None:
         getstate, setstate = table_cls.__dict__["__getstate__"], table_cls.__dict__["__setstate__"]
 
         @functools.wraps(getstate, assigned=_NAME_AND_DOC)
         def __getstate__(self: Any) -> Any:
             state = getstate(self)
             if isinstance(state, dict) and "path" in state:
-                origin = _origin(state["path"])
+                origin = _origin(state["path"], policy)
                 if origin is not None:  # shared paths pickle exactly as before (fingerprints stay stable)
                     state = {**state, STATE_KEY: origin}
             return state
@@ -110,7 +117,7 @@ class DatasetsShim(Shim):
             if isinstance(state, dict) and STATE_KEY in state:
                 state = dict(state)
                 origin = state.pop(STATE_KEY)
-                state["path"] = _reachable_path(state["path"], origin)
+                state["path"] = _reachable_path(state["path"], origin, policy)
             setstate(self, state)
 
         self.patcher.setattr(table_cls, "__getstate__", __getstate__)
@@ -118,60 +125,20 @@ class DatasetsShim(Shim):
 
     # -- cache placement ------------------------------------------------------------------------
 
-    def _place_cache(self, policy: Policy) -> None:
-        from sharedfs import runtime
-
+    def _place_cache(self, root: Path) -> None:
         config = sys.modules["datasets.config"]
-        if os.environ.get("HF_DATASETS_CACHE"):
-            if policy.cache == "node-local":
-                decision(f"datasets cache stays at {config.HF_DATASETS_CACHE}: HF_DATASETS_CACHE is set "
-                         "(an explicit user setting wins over SHAREDFS_CACHE=node-local)")
-            return
-        placed = runtime.registry().cache_placement("datasets", policy)
-        if placed is None:
-            return
-        root = Path(placed)
         for name, value in (
             ("HF_DATASETS_CACHE", root),
             ("DOWNLOADED_DATASETS_PATH", root / config.DOWNLOADED_DATASETS_DIR),
             ("EXTRACTED_DATASETS_PATH", root / config.DOWNLOADED_DATASETS_DIR / config.EXTRACTED_DATASETS_DIR),
         ):
             self.patcher.setattr(config, name, value)
-        decision(f"datasets cache -> {root} (node-local, {policy.source('cache')})")
-
-
-def make_lock_class(original: type) -> type:
-    """A drop-in for datasets' ``FileLock`` that delegates to :func:`sharedfs.lock`."""
-    from sharedfs.locks import FileLockAPI
-
-    class SharedFSFileLock(FileLockAPI):
-        __doc__ = f"sharedfs replacement for {original.__module__}.FileLock (lock kind chosen per filesystem)."
-        MAX_FILENAME_LENGTH = original.MAX_FILENAME_LENGTH
-        hash_filename_if_too_long = original.hash_filename_if_too_long
-
-        def __init__(self, lock_file: str, *args: Any, timeout: float = -1, mode: int | None = None,
-                     **kwargs: Any) -> None:
-            if args:  # filelock's positional signature is (lock_file, timeout=-1, mode=...)
-                timeout = args[0]
-            if mode is None:  # datasets' own rule: the lock file follows the umask
-                umask = os.umask(0o666)
-                os.umask(umask)
-                mode = 0o666 & ~umask
-            super().__init__(original.hash_filename_if_too_long(lock_file), timeout=timeout, mode=mode)
-            _say_lock_choice("datasets", self._lock)
-
-    return SharedFSFileLock
-
-
-def _say_lock_choice(framework: str, shared_lock: Any) -> None:
-    # The reason names the mount, so this is one line per mount and kind, not per directory.
-    decision(f"{framework} locks -> {shared_lock.kind}: {shared_lock.choice.reason}")
 
 
 _held = threading.local()
 
 
-def make_locked_map(original: Callable[..., Any]) -> Callable[..., Any]:
+def make_locked_map(original: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
     """``Dataset.map`` behind a lock per input dataset, so concurrent ranks compute a map once.
 
     The lock sits beside the input's cache files and is named after its fingerprint.  The
@@ -190,10 +157,7 @@ def make_locked_map(original: Callable[..., Any]) -> Callable[..., Any]:
         held: set[str] = _held.__dict__.setdefault("paths", set())
         if lock_file is None or lock_file in held:  # a map inside a map function must not wait for itself
             return original(self, *args, **kwargs)
-        from sharedfs.errors import LockTimeout
-        from sharedfs.locks import lock
-
-        shared = lock(lock_file, timeout=-1)
+        shared = lock(lock_file, timeout=-1, mode=_umask_mode(), policy=policy)
         try:
             shared.acquire(timeout=0)
         except LockTimeout:  # someone is computing it: wait for them, then load their result
@@ -228,39 +192,38 @@ def _map_lock_file(dataset: Any, kwargs: dict[str, Any]) -> str | None:
 # -- pickling across nodes ------------------------------------------------------------------------
 
 
-def _origin(path: str) -> dict[str, Any] | None:
+def _umask_mode() -> int:
+    """datasets' own rule for its lock files: 0o666 filtered by the umask (datasets/utils/_filelock.py)."""
+    umask = os.umask(0o666)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _origin(path: str, policy: Policy) -> dict[str, Any] | None:
     """For a path other nodes may not see: who pickled it, and the node-local root of that node.
 
     ``None`` for a path on a shared filesystem outside the node-local root: its state stays
     byte-identical to datasets' own, because datasets hashes pickled objects into cache
     fingerprints, which must not depend on the node.
     """
-    from sharedfs import runtime
-    from sharedfs.dirs import node_local_root
-
-    current = runtime.policy()
-    root = os.path.abspath(node_local_root(current))
+    root = os.path.abspath(node_local_root(policy))
     try:
-        shared: bool | None = runtime.describe_filesystem(os.path.dirname(path) or ".").shared
-    except Exception:
-        shared = None  # e.g. a dead FUSE mount elsewhere in the mount table
+        shared: bool | None = choices.filesystem(os.path.dirname(path) or ".").shared
+    except Exception:  # noqa: BLE001 - e.g. a dead FUSE mount elsewhere in the mount table
+        shared = None
     if shared is not False and not _is_under(path, root):
         return None
-    return {"node": current.node_id, "root": root}
+    return {"node": policy.node_id, "root": root}
 
 
 def _is_under(path: str, root: str) -> bool:
     return not os.path.relpath(os.path.abspath(path), root).startswith(os.pardir)
 
 
-def _reachable_path(path: str, origin: dict[str, Any]) -> str:
+def _reachable_path(path: str, origin: dict[str, Any], current: Policy) -> str:
     """``path`` if it can be opened here; else this node's copy of it; else an explanatory error."""
     if os.path.exists(path):
         return path
-    from sharedfs import runtime
-    from sharedfs.dirs import node_local_root
-
-    current = runtime.policy()
     sender = str(origin.get("node"))
     if sender == current.node_id:
         return path  # same node: datasets' own FileNotFoundError is the honest answer

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
 from sharedfs._policy import Policy
-from sharedfs.shim import Shim
+from sharedfs.shim import Shim, ShimContext
 
 #: The name users write in ``custom_hooks=[dict(type="SharedFSHook")]``.
 HOOK_NAME = "SharedFSHook"
@@ -79,7 +79,7 @@ def _build_hook_class() -> type:
         priority = "VERY_HIGH"
 
         def __init__(self, **settings: Any) -> None:
-            from sharedfs import runtime
+            import sharedfs
 
             unknown = sorted(set(settings) - set(HOOK_SETTINGS))
             if unknown:
@@ -91,7 +91,7 @@ def _build_hook_class() -> type:
             # configure() validates first (a bad value raises sharedfs.ConfigError naming the argument)
             # and re-applies every shim already applied, e.g. the datasets shim an XTuner config
             # triggered by importing datasets at parse time.
-            self.policy: Policy = runtime.configure(**settings) if settings else runtime.policy()
+            self.policy: Policy = sharedfs.configure(**settings) if settings else sharedfs.policy()
             _log_policy(self.policy)
 
     SharedFSHook.__module__ = __name__
@@ -122,8 +122,8 @@ def _register_hook(registry: Any, patcher: Any = None) -> None:
     cls = hook_class()
     if patcher is not None:
         patcher.setitem(registry._module_dict, HOOK_NAME, cls)
-    elif registry._module_dict.get(HOOK_NAME) is not cls:
-        registry.register_module(name=HOOK_NAME, module=cls, force=True)
+    elif HOOK_NAME not in registry._module_dict:
+        registry.register_module(name=HOOK_NAME, module=cls)  # another SharedFSHook there: mmengine says so
 
 
 class MmengineShim(Shim):
@@ -133,7 +133,7 @@ class MmengineShim(Shim):
     # Read against 0.10.x's runner.py, hooks/checkpoint_hook.py and fileio/backends/local_backend.py.
     supported = ">=0.10,<0.11"
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         # Imported here, not at module level (the registry imports this module on any target's
         # import).  `import mmengine` has loaded torch already; a training job imports these anyway.
         from mmengine.fileio.backends import local_backend
@@ -337,14 +337,12 @@ def make_load_or_resume(original: Callable[[Any], None]) -> Callable[[Any], None
     return load_or_resume
 
 
-# mmengine may already be imported when this module is (``custom_imports`` in a config, or a late
-# target import): make the string form ``dict(type="SharedFSHook")`` resolvable right away, even
-# when the shim itself is disabled (the hook then only says so).
+# Importing this module by name -- mmengine's ``custom_imports=dict(imports=["sharedfs.shims.mmengine"])``
+# -- is an explicit request for the string form ``dict(type="SharedFSHook")``.  It is honoured even
+# when the shim is off (SHAREDFS_DISABLE), so configs need not change to switch sharedfs off: the hook
+# then only says so.  When the shim is applied, its patcher registered the hook already.
 if "mmengine.registry" in sys.modules:  # pragma: no branch
-    try:
-        _register_hook(sys.modules["mmengine.registry"].HOOKS)
-    except Exception:  # noqa: BLE001 - the shim's apply() registers it (and reports errors) too
-        pass
+    _register_hook(sys.modules["mmengine.registry"].HOOKS)
 
 
 @hookimpl

@@ -4,10 +4,10 @@ XTuner 0.2.0's ``process_hf_dataset`` (``xtuner/dataset/huggingface.py``) prepar
 the dataset on global rank 0 only, waits on a gloo ``monitored_barrier``
 (``XTUNER_DATASET_TIMEOUT`` minutes, default 60) and ``broadcast_object_list``\\ s
 the result.  A datasets ``Dataset`` pickles its memory-mapped Arrow table as a
-*file path*, so with a node-local cache (seed 000's advice,
-``HF_DATASETS_CACHE=/tmp/...``) every rank on another node receives a path that
-exists only on node 0: FileNotFoundError (failures.md section 5;
-LlamaFactory#3065, ms-swift#3667).
+*file path*, so with a node-local cache (the common advice for flock-less
+storage, ``HF_DATASETS_CACHE=/tmp/...``) every rank on another node receives a
+path that exists only on node 0: FileNotFoundError (LlamaFactory#3065,
+ms-swift#3667).
 
 The replacement keeps XTuner's behaviour where it is right and changes who prepares
 where it is not:
@@ -36,9 +36,10 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.hookspecs import hookimpl
+from sharedfs import choices
 from sharedfs._policy import Policy
-from sharedfs.shim import Shim
+from sharedfs.hookspecs import hookimpl
+from sharedfs.shim import Shim, ShimContext
 
 #: XTuner's own variable: minutes to wait for the dataset preparers.
 TIMEOUT_ENV = "XTUNER_DATASET_TIMEOUT"
@@ -60,16 +61,19 @@ class XtunerShim(Shim):
     # Written against 0.2.0's huggingface.py (process / process_hf_dataset split).
     supported = ">=0.2,<0.3"
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         original = module.__dict__["process_hf_dataset"]
-        replacement = make_process_hf_dataset(original, module.__dict__["process"])
+        replacement = make_process_hf_dataset(original, module.__dict__["process"], policy)
         for name, site in list(sys.modules.items()):
             if name.startswith("xtuner") and getattr(site, "process_hf_dataset", None) is original:
                 self.patcher.setattr(site, "process_hf_dataset", replacement)
 
 
 def timeout_from_env(environ: Any = os.environ) -> timedelta:
-    """``XTUNER_DATASET_TIMEOUT`` in minutes (XTuner's meaning), with a clear error for bad values."""
+    """``XTUNER_DATASET_TIMEOUT`` in minutes (XTuner's meaning), with a clear error for bad values.
+
+    XTuner's own variable, read when ``process_hf_dataset`` runs, as XTuner itself reads it.
+    """
     raw = environ.get(TIMEOUT_ENV)
     if raw is None or not raw.strip():
         return timedelta(minutes=DEFAULT_TIMEOUT_MINUTES)
@@ -83,14 +87,15 @@ def timeout_from_env(environ: Any = os.environ) -> timedelta:
     return timedelta(minutes=minutes)
 
 
-def make_process_hf_dataset(original: Callable[..., Any], process: Callable[..., Any]) -> Callable[..., Any]:
+def make_process_hf_dataset(original: Callable[..., Any], process: Callable[..., Any],
+                            policy: Policy) -> Callable[..., Any]:
     @functools.wraps(original)
     def process_hf_dataset(*args: Any, **kwargs: Any) -> Any:
-        import torch.distributed as dist
+        import torch.distributed as dist  # loaded by then: XTuner's module imports it
 
         if not (dist.is_available() and dist.is_initialized()):
             return original(*args, **kwargs)
-        return _distributed_prepare(dist, process, args, kwargs)
+        return _distributed_prepare(dist, process, args, kwargs, policy)
 
     return process_hf_dataset
 
@@ -101,29 +106,25 @@ def _cache_is_node_local(policy: Policy) -> tuple[bool, str]:
     An explicit ``cache`` setting is the user's word; ``auto`` asks the plugins' classification
     of the filesystem under the cache directory.
     """
-    from sharedfs import runtime
-
     cache = str(sys.modules["datasets.config"].HF_DATASETS_CACHE)
     if policy.cache != "auto":
         return policy.cache == "node-local", cache
     existing = cache
     while existing and not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    return not runtime.describe_filesystem(existing or "/").shared, cache
+    return not choices.filesystem(existing or "/").shared, cache
 
 
-def _distributed_prepare(dist: Any, process: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _distributed_prepare(dist: Any, process: Callable[..., Any], args: tuple, kwargs: dict, policy: Policy) -> Any:
     from mmengine.logging import print_log
 
     import datasets.config  # noqa: F401 - process() needs it anyway; _cache_is_node_local reads it
-    from sharedfs import runtime
 
     timeout = timeout_from_env()
     print_log(f"xtuner_dataset_timeout = {timeout}", logger="current")
     # As XTuner: monitored_barrier needs a gloo group for the host-side sync, with this timeout.
     group = dist.new_group(backend="gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    policy = runtime.policy()
     node_local, cache = _cache_is_node_local(policy)
     table: list[Any] = [None] * world
     # Collective: every rank of the job is in process_hf_dataset (XTuner builds the dataset on all).

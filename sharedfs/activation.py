@@ -1,0 +1,178 @@
+"""Applying shims: right after a target framework executes, each of its shims gets the policy.
+
+Called by the bootstrap's finder (and by :func:`sharedfs.configure` /
+:func:`sharedfs.enable`).  The rules of the design's behaviour section live here:
+
+* every patch is version-gated against the framework's *installed metadata*
+  (read before anything is patched; a module may lie or be half-initialised);
+* an internal error in a shim is logged once, with how to report it, and that
+  shim stays off (``SHAREDFS_STRICT=1`` re-raises, as CI does);
+* a malformed setting (:class:`sharedfs.ConfigError`) or a refused safety check
+  (:class:`sharedfs.UnsafeDirectoryError`) is not our bug but the user's
+  situation: it propagates out of the framework's import -- failing closed,
+  never falling back to the unsafe default the shim exists to avoid.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from . import choices, runtime
+from ._policy import CachePlacement, Policy
+from .errors import SharedFSError
+from .hookspecs import NAME
+from .log import decision
+from .shim import Shim, ShimContext
+
+log = logging.getLogger(NAME)
+_lock = threading.RLock()
+
+
+@dataclass
+class ShimState:
+    """What happened to one shim in this process (for ``sharedfs status``)."""
+
+    shim: Shim
+    installed_version: str | None = None
+    supported: bool | None = None
+    error: str | None = None
+    cache: CachePlacement | None = None
+
+
+_states: dict[str, ShimState] | None = None
+
+
+def shim_states() -> dict[str, ShimState]:
+    """Every registered shim (built-in and third-party), by name."""
+    global _states
+    with _lock:
+        if _states is None:
+            _states = {shim.name: ShimState(shim) for shim in runtime.registry().shims()}
+        return _states
+
+
+def targets() -> set[str]:
+    """The modules whose import applies a shim (third-party shims add to the bootstrap's table)."""
+    return {state.shim.target for state in shim_states().values()}
+
+
+def activate(target: str) -> set[str]:
+    """Apply every shim that targets ``target`` (just imported); returns :func:`targets`."""
+    try:
+        states = shim_states()
+        current = runtime.policy()
+    except SharedFSError:
+        raise  # a malformed setting is the user's intent, not our bug: say so loudly
+    except Exception as exc:  # noqa: BLE001 - never break the user's import by our own bug
+        if runtime.strict():
+            raise
+        report_internal_error(f"start-up on import of {target}", exc)
+        return set()
+    with _lock:
+        for state in states.values():
+            if state.shim.target == target:
+                apply(state, current)
+    return targets()
+
+
+def apply(state: ShimState, current: Policy) -> None:
+    """Patch one shim's (imported) target under ``current``, unless disabled, unsupported or broken."""
+    shim = state.shim
+    if current.shim_disabled(shim.name) or state.error is not None or not version_supported(state):
+        return
+    placement = choices.cache_placement(shim, current)  # may raise UnsafeDirectoryError: fail closed
+    try:
+        shim.patch(current, ShimContext(cache=placement))
+    except SharedFSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - never break the user's import by our own bug
+        if current.strict:
+            raise
+        state.error = f"{type(exc).__name__}: {exc}"
+        report_internal_error(f"shim {shim.name!r}", exc)
+        return
+    state.cache = placement
+    if placement is not None and (placement.path or current.cache != "auto"):
+        where = placement.path or "where it is"
+        decision(f"{shim.name} cache -> {where}: {placement.reason}")
+
+
+def reapply(current: Policy) -> None:
+    """Re-apply every applied shim under a new policy (:func:`sharedfs.configure`)."""
+    with _lock:
+        for state in shim_states().values():
+            if state.shim.applied:
+                apply(state, current)
+
+
+def configure(**settings: Any) -> Policy:
+    """Set explicit settings for this process (highest precedence) and re-apply applied shims."""
+    with _lock:
+        current = runtime.set_explicit(settings)
+        reapply(current)
+        return current
+
+
+def unpatch_all() -> None:
+    with _lock:
+        for state in (_states or {}).values():
+            state.shim.unpatch()
+
+
+def activate_imported() -> None:
+    """Apply shims whose targets were imported before sharedfs was watching (``sharedfs.enable()``)."""
+    for target in sorted(targets()):
+        if target in sys.modules:
+            activate(target)
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, from its metadata (never by importing it)."""
+    from importlib.metadata import PackageNotFoundError, version  # ~17 ms: only once a target is in use
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def version_supported(state: ShimState) -> bool:
+    """Whether the installed framework is in the shim's tested range; says so once when it is not."""
+    if state.supported is None:
+        from packaging.specifiers import SpecifierSet
+
+        shim = state.shim
+        state.installed_version = installed_version(shim.distribution)
+        state.supported = state.installed_version is not None and SpecifierSet(
+            shim.supported, prereleases=True).contains(state.installed_version)
+        if not state.supported:
+            log.warning("%s %s is outside the supported range %s; its shim stays off",
+                        shim.distribution, state.installed_version or "(no metadata)", shim.supported)
+    return bool(state.supported)
+
+
+_reported: set[str] = set()
+
+
+def report_internal_error(where: str, exc: BaseException) -> None:
+    if where in _reported:
+        return
+    _reported.add(where)
+    log.error(
+        "internal error in %s; it stays off in this process and your program continues. "
+        "Please report it to the sharedfs maintainers with this traceback and the output of "
+        "`sharedfs status --json`. SHAREDFS_STRICT=1 makes it raise.",
+        where, exc_info=exc,
+    )
+
+
+def reset_for_tests() -> None:
+    """Forget every shim state (tests that build a fresh runtime)."""
+    global _states
+    with _lock:
+        _states = None
+        _reported.clear()

@@ -1,0 +1,18 @@
+"""``sharedfs.lock(path)``: a lock that is correct for the filesystem ``path`` lives on.
+
+The plugins choose the kind per path (``sharedfs_choose_lock``); this package
+carries the choice out behind filelock's own contract:
+
+* :mod:`~sharedfs.locks._api` -- the filelock-shaped class (:class:`SharedFSLock`,
+  and :func:`drop_in` for a framework's own filelock subclass);
+* :mod:`~sharedfs.locks._kinds` -- the four kinds (flock, posix, soft, lease), one
+  non-blocking attempt each;
+* :mod:`~sharedfs.locks._marker` -- the existence marker with its holder record,
+  stale-holder breaking and lease renewal.
+"""
+
+from ..errors import LockTimeout
+from ._api import SharedFSLock, SharedFSLockMixin, drop_in, lock
+from ._marker import marker_path
+
+__all__ = ["LockTimeout", "SharedFSLock", "SharedFSLockMixin", "drop_in", "lock", "marker_path"]

@@ -1,0 +1,337 @@
+"""The filelock-shaped lock: filelock's ``BaseFileLock`` contract, sharedfs's choice of kind.
+
+Frameworks are handed a subclass of *their own* filelock class with
+:class:`SharedFSLockMixin` in front (:func:`drop_in`), and ``sharedfs.lock()``
+returns a :class:`SharedFSLock`; either way filelock itself provides the
+contract -- ``acquire(timeout, poll_interval, blocking)`` returning a context
+manager, re-entrancy per thread (``thread_local=True``), ``is_locked``,
+``lock_counter``, ``release(force=True)``, ``mode``, ``timeout`` -- in the
+version the user has installed, and the mixin only implements the two methods
+filelock's own lock classes implement: ``_acquire`` (one non-blocking attempt)
+and ``_release``.  What sharedfs adds lives there:
+
+* the kind is the plugins' choice for the lock file's filesystem, made on first
+  use (``sharedfs.choices.lock_choice``), and follows a run-time refusal of
+  native locks (ENOSYS/ENOLCK) to an existence lock;
+* existence markers carry the holder's record, so dead holders are recognised
+  on any node (:mod:`sharedfs.locks._marker`);
+* on a shared filesystem, attempts back off (with jitter) so hundreds of waiting
+  ranks do not hammer the metadata server;
+* a waiter says after 30 s, and every 2 minutes after, whom it waits for, and a
+  timeout raises :class:`sharedfs.LockTimeout` -- a ``filelock.Timeout`` whose
+  message names the holder and how to clear a lock whose holder is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from dataclasses import replace
+from typing import Any
+
+import filelock
+
+from .. import choices, runtime
+from .._policy import LockChoice, Policy
+from ..errors import ConfigError, LockTimeout
+from ..settings import LOCK_KINDS
+from . import _marker
+from ._kinds import DEFAULT_MODE, KINDS, Hold, NativeLockRefused, Target
+
+log = logging.getLogger("sharedfs")
+
+#: A waiter on a shared filesystem pauses between attempts, doubling from MIN_POLL up to MAX_POLL,
+#: with jitter so ranks released by one event do not hit the metadata server in step.
+MIN_POLL = 0.002
+MAX_POLL = 1.0
+#: A waiter says whom it waits for after REPORT_AFTER seconds, then every REPORT_EVERY.
+REPORT_AFTER = 30.0
+REPORT_EVERY = 120.0
+
+
+class _State:
+    """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
+
+    def __init__(self, lock_file: str, mode: int, policy: Policy) -> None:
+        choice = choices.lock_choice(lock_file, policy)
+        self.guard = threading.Lock()
+        self.target = Target(lock_file, mode, policy, choice)
+        self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
+        self.holds: dict[int, Hold] = {}
+        self.waits = threading.local()  # per thread: when this wait began, next attempt, pause
+
+    def fall_back(self, refused: NativeLockRefused) -> None:
+        """The filesystem refused a native lock: ask the plugins again with that evidence."""
+        name = errno.errorcode.get(refused.errno or 0, str(refused.errno))
+        choices.native_lock_refused(self.target.lock_file, refused.kind, name)
+        with self.guard:
+            choice = choices.lock_choice(self.target.lock_file, self.target.policy)
+            if choice.kind in ("flock", "posix") and choice.kind == refused.kind:
+                raise refused  # the plugins insist on the refused kind: fail, do not loop
+            self.target = replace(self.target, choice=choice)
+            self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
+
+
+class SharedFSLockMixin:
+    """Put in front of a ``filelock.BaseFileLock`` subclass: sharedfs's kinds behind filelock's contract."""
+
+    #: The policy the lock follows (a drop-in class carries its shim's); ``None``: the process's policy.
+    _sharedfs_policy: Policy | None = None
+
+    # -- what sharedfs adds, resolved on first use (constructing a lock costs nothing extra) ----
+
+    def _sharedfs(self) -> _State:
+        state = self.__dict__.get("_sharedfs_state")
+        if state is None:
+            lock_file = os.path.abspath(self.lock_file)  # type: ignore[attr-defined]
+            mode = getattr(self._context, "mode", -1)  # type: ignore[attr-defined]
+            policy = self._sharedfs_policy or runtime.policy()
+            state = _State(lock_file, DEFAULT_MODE if mode is None or mode < 0 else mode, policy)
+            state = self.__dict__.setdefault("_sharedfs_state", state)
+            _live.add(self)
+        return state
+
+    @property
+    def choice(self) -> LockChoice:
+        """The plugins' choice for this lock: ``.kind`` and ``.reason``."""
+        return self._sharedfs().target.choice
+
+    @property
+    def kind(self) -> str:
+        return self.choice.kind
+
+    @property
+    def marker(self) -> str:
+        """The existence marker this lock creates while held (existence kinds, and native kinds on shared filesystems)."""
+        return self._sharedfs().target.marker
+
+    # -- filelock's two methods -----------------------------------------------------------------
+
+    def _acquire(self) -> None:
+        state = self._sharedfs()
+        wait = state.waits
+        now = time.monotonic()
+        if now < getattr(wait, "next_attempt", 0.0):
+            return  # backing off: filelock polls often, the shared filesystem is asked less
+        kind = state.kind
+        try:
+            hold = kind.try_acquire()
+        except NativeLockRefused as refused:
+            state.fall_back(refused)
+            kind = state.kind
+            hold = kind.try_acquire()
+        if hold is None:
+            self._sharedfs_missed(state, now)
+            return
+        wait.next_attempt, wait.pause = 0.0, MIN_POLL
+        with state.guard:
+            state.holds[hold.fd] = hold
+        _own(self, hold.fd)
+
+    def _release(self) -> None:
+        fd = self._context.lock_file_fd  # type: ignore[attr-defined]
+        state = self._sharedfs()
+        with state.guard:
+            hold = state.holds.pop(fd, None)
+        _disown(self)
+        if hold is not None:
+            hold.kind.release(hold)
+
+    def _sharedfs_missed(self, state: _State, now: float) -> None:
+        wait = state.waits
+        if state.target.choice.marker or state.target.choice.kind in ("soft", "lease"):
+            pause = getattr(wait, "pause", MIN_POLL)
+            wait.next_attempt = now + pause * random.uniform(0.5, 1.5)
+            wait.pause = min(pause * 2, MAX_POLL)
+        started = getattr(wait, "started", None)
+        if started is None:
+            return
+        if now - started >= getattr(wait, "report_after", REPORT_AFTER):
+            # A silent hang at 3 a.m. is the worst failure: say whom we wait for.
+            wait.report_after = now - started + REPORT_EVERY
+            log.warning("still waiting for %s after %.0f s: %s", state.target.lock_file, now - started,
+                        _holder_text(state))
+
+    # -- filelock's public method, with sharedfs's timeout message -------------------------------
+
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        state = self._sharedfs()
+        wait = state.waits
+        outer = getattr(wait, "started", None) is None
+        if outer:
+            wait.started, wait.report_after = time.monotonic(), REPORT_AFTER
+        try:
+            return super().acquire(*args, **kwargs)  # type: ignore[misc]
+        except filelock.Timeout as exc:
+            if isinstance(exc, LockTimeout):
+                raise
+            timeout = kwargs.get("timeout", args[0] if args else None)
+            if timeout is None:
+                timeout = getattr(self, "timeout", None)
+            raise LockTimeout(self.lock_file, _timeout_message(state, timeout, kwargs.get("blocking"))) from None  # type: ignore[attr-defined]
+        finally:
+            if outer:
+                wait.started = None
+                wait.next_attempt, wait.pause = 0.0, MIN_POLL
+
+    def __repr__(self) -> str:
+        state = self.__dict__.get("_sharedfs_state")
+        kind = state.target.choice.kind if state else "not chosen yet"
+        return (f"<sharedfs {type(self).__name__} {self.lock_file} kind={kind} "  # type: ignore[attr-defined]
+                f"locked={self.is_locked}>")  # type: ignore[attr-defined]
+
+
+class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
+    """What :func:`sharedfs.lock` returns: a filelock lock whose kind suits its filesystem."""
+
+
+def _own(lock: Any, fd: int) -> None:
+    # filelock >= 4 tracks descriptors for forks and signals; older releases read the field only.
+    mark = getattr(lock, "_mark_descriptor_owned", None)
+    if mark is not None:
+        st = os.fstat(fd)
+        mark(fd, (st.st_dev, st.st_ino))
+    else:
+        lock._context.lock_file_fd = fd
+
+
+def _disown(lock: Any) -> None:
+    mark = getattr(lock, "_mark_descriptor_released", None)
+    if mark is not None:
+        mark()
+    else:
+        lock._context.lock_file_fd = None
+
+
+def _holder_text(state: _State) -> str:
+    seen = _marker.read(state.target.marker)
+    if seen is not None and seen.record is not None:
+        return f"held by {seen.record.describe()}"
+    if state.target.choice.kind in ("flock", "posix"):
+        return f"held by a live process (find it with `fuser -v {state.target.lock_file}` on each node)"
+    return "held by a holder that left no record"
+
+
+def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
+    target = state.target
+    seen = _marker.read(target.marker)
+    record = seen.record if seen is not None else None
+    within = "at once (blocking=False)" if blocking is False else f"within {timeout:g} s" if isinstance(
+        timeout, (int, float)) else "in time"
+    if record is not None:
+        holder = record.describe()
+        hint = (_scheduler_note(record, target.policy) +
+                f"If that process is gone (a killed or finished job), clear the lock with: rm -f {target.marker}")
+    elif target.choice.kind in ("flock", "posix"):
+        holder = "a live process (the kernel drops the flock/POSIX locks of dead ones)"
+        hint = f"Find it with `fuser -v {target.lock_file}` on each node."
+    elif seen is not None:
+        holder = "a marker without a readable holder record"
+        hint = f"If nobody uses the lock, clear it with: rm -f {target.marker}"
+    else:
+        holder = "a holder that released it just now"
+        hint = ""
+    return (f"could not acquire the {target.choice.kind} lock {target.lock_file} {within}; it is held by {holder}. "
+            f"{hint} Raise SHAREDFS_WAIT_TIMEOUT (or the timeout= you passed) to wait longer. "
+            f"(Lock kind: {target.choice.reason})")
+
+
+def _scheduler_note(record: Any, policy: Policy) -> str:
+    """Why a holder that names a Slurm job was not declared dead (empty when the scheduler was not the question)."""
+    if not record.slurm_job or record.kind == "lease":
+        return ""
+    alive = runtime.registry().holder_alive(record, policy)
+    if alive is None:
+        return (f"Nobody could tell whether it is still running: it is on another node (or another PID namespace), "
+                f"and Slurm could not be asked about job {record.slurm_job} (squeue/scontrol missing or not "
+                "answering, or the slurm plugin is off), so the lock was waited out instead of broken. ")
+    if alive:
+        return f"Slurm reports job {record.slurm_job} as still active. "
+    return ""
+
+
+# -- making locks --------------------------------------------------------------------------------
+
+
+def lock(path: str | os.PathLike[str], timeout: float | None = None, *, kind: str | None = None,
+         mode: int | None = None, policy: Policy | None = None, **options: Any) -> SharedFSLock:
+    """A lock on ``path`` (the lock file itself) that is correct on its filesystem.
+
+    ``timeout=None`` waits up to ``SHAREDFS_WAIT_TIMEOUT``; negative waits forever; ``0``
+    tries once.  ``kind`` forces ``flock``, ``posix``, ``soft`` or ``lease`` for this lock
+    (a native kind that cannot exclude other nodes there is still replaced, and the reason
+    says so).  ``options`` go to ``filelock.BaseFileLock`` (``thread_local``, ``blocking``,
+    ``poll_interval``, ...).
+    """
+    if kind is not None and (kind not in LOCK_KINDS or kind == "auto"):
+        raise ConfigError("kind", kind, "flock, posix, soft or lease")
+    current = policy or runtime.policy()
+    if kind is not None:
+        current = replace(current, lock=kind, sources={**current.sources, "lock": "argument kind"})
+    if mode is not None:
+        options["mode"] = mode
+    made = SharedFSLock(os.path.abspath(os.fspath(path)),
+                        timeout=current.wait_timeout if timeout is None else timeout, **options)
+    made._sharedfs_policy = current
+    return made
+
+
+_drop_ins: weakref.WeakKeyDictionary[type, dict[Policy, type]] = weakref.WeakKeyDictionary()
+
+
+def drop_in(original: type, policy: Policy) -> type:
+    """``original`` (a ``filelock.BaseFileLock`` subclass of a framework) with sharedfs's kinds under ``policy``.
+
+    The framework's own constructor, class attributes and helpers are kept (datasets'
+    name hashing and umask-based mode, say); only the locking itself changes.
+    """
+    per_policy = _drop_ins.setdefault(original, {})
+    made = per_policy.get(policy)
+    if made is None:
+        made = type(original.__name__, (SharedFSLockMixin, original), {
+            "__module__": __name__,
+            "__qualname__": original.__qualname__,
+            "__doc__": f"sharedfs drop-in for {original.__module__}.{original.__qualname__}: "
+                       "the lock kind is chosen for each file's filesystem.",
+            "_sharedfs_policy": policy,
+        })
+        per_policy[policy] = made
+    return made
+
+
+# -- fork: a child neither releases nor believes it holds its parent's locks -----------------------
+
+_live: weakref.WeakSet[SharedFSLockMixin] = weakref.WeakSet()
+
+
+def _forget_holds_in_child() -> None:
+    for made in list(_live):
+        state = made.__dict__.get("_sharedfs_state")
+        if state is None:
+            continue
+        # filelock >= 4 resets its own state and closes the descriptors it was told about in the
+        # child; older releases do neither, so sharedfs does it for them.
+        filelock_resets = hasattr(made, "_reset_after_fork_in_child")
+        for hold in list(state.holds.values()):
+            fds = {hold.fd, hold.marker_fd} - {None}
+            if filelock_resets:
+                fds.discard(hold.fd)
+            for fd in fds:
+                try:
+                    os.close(fd)  # a parent's flock survives: its own descriptor still references it
+                except OSError:
+                    pass
+        state.holds.clear()
+        state.guard = threading.Lock()
+        if not filelock_resets:
+            context = made._context  # type: ignore[attr-defined]
+            context.lock_file_fd = None
+            context.lock_counter = 0
+
+
+os.register_at_fork(after_in_child=_forget_holds_in_child)

@@ -1,0 +1,288 @@
+"""The four lock kinds: one small class each, one non-blocking attempt per call.
+
+filelock's ``BaseFileLock`` owns the waiting loop, timeouts, re-entrancy and
+thread semantics; a kind only tries once (:meth:`try_acquire`) and releases
+(:meth:`release`), the way filelock's own ``UnixFileLock`` / ``SoftFileLock``
+implement ``_acquire`` / ``_release``.
+
+==========  ==========================================  ==========================
+kind        exclusion by                                 correct across nodes when
+==========  ==========================================  ==========================
+``flock``   BSD ``flock(2)`` on the lock file            flock is cluster-coherent
+``posix``   ``fcntl`` record lock (GPFS arbitrates       POSIX locks are coherent
+            these across nodes: granite.build#322)       (GPFS, NFS with lockd)
+``soft``    the ``O_EXCL`` marker ``<lock>.held``        O_EXCL create is atomic
+``lease``   the marker, renewed while held               always, but a lease trades
+                                                        exclusion for progress
+==========  ==========================================  ==========================
+
+With ``LockChoice.marker`` (chosen for shared filesystems) a native kind takes the
+marker as well, after its native lock and before reporting success; so a process
+that fell back to an existence lock at run time (a node whose lockd died) still
+excludes, and is excluded by, every process that can use the native lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .._policy import LockChoice, Policy
+from ..records import HolderRecord
+from ..safefile import NOFOLLOW
+from . import _marker
+
+log = logging.getLogger("sharedfs")
+
+#: errnos meaning "this filesystem has no such lock": Lustre without -o flock, NFS without lockd.
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
+#: errnos of a non-blocking attempt on a lock someone else holds.
+CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
+#: The mode filelock >= 4 uses when none is given: 0o666 filtered by the umask (and default ACLs).
+DEFAULT_MODE = 0o666
+
+
+class NativeLockRefused(OSError):
+    """The filesystem refused a native lock (ENOSYS, ENOLCK): its classification was wrong, or lockd died."""
+
+    def __init__(self, kind: str, cause: OSError) -> None:
+        super().__init__(cause.errno, f"{kind} failed with {errno.errorcode.get(cause.errno or 0, cause.errno)}")
+        self.kind = kind
+
+
+@dataclass
+class Target:
+    """What a kind needs to know about the lock it implements."""
+
+    lock_file: str
+    mode: int
+    policy: Policy
+    choice: LockChoice
+    #: How long this waiter has seen the current marker unchanged (leases, empty markers).
+    watch: _marker.Watch = field(default_factory=_marker.Watch)
+
+    @property
+    def marker(self) -> str:
+        return _marker.marker_path(self.lock_file)
+
+
+@dataclass
+class Hold:
+    """One held lock: the descriptor filelock's context keeps, and what releasing it needs."""
+
+    fd: int
+    kind: Any  # the Kind instance that took it (a run-time fallback may change the lock's kind)
+    pid: int = field(default_factory=os.getpid)
+    marker_fd: int | None = None
+    lease: Any = None
+    thread_lock: threading.Lock | None = None
+
+
+# -- the marker, shared by every kind -----------------------------------------------------------
+
+_said: set[str] = set()
+
+
+def _say_once(key: str, message: str, *args: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
+
+
+def take_marker(target: Target, *, native_held: bool,
+                holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> tuple[int, Any] | None:
+    """Create the marker with this process's record; (fd, lease) or ``None`` while someone else holds it."""
+    kind = target.choice.kind
+    lease_seconds = target.policy.lease_seconds if kind == "lease" else None
+    record = HolderRecord.mine(target.policy.node_id, kind, lease_seconds=lease_seconds)
+    for _ in range(2):  # a second try right after breaking a dead holder's marker
+        try:
+            fd = _marker.create(target.marker, record, target.mode)
+        except FileExistsError:
+            if not _break_if_dead(target, native_held, holder_alive):
+                return None
+            continue
+        lease = _marker.start_lease(fd, target.marker, lease_seconds) if lease_seconds else None
+        return fd, lease
+    return None
+
+
+def _break_if_dead(target: Target, native_held: bool,
+                   holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> bool:
+    """True when the marker is gone now (released, or broken here because its holder is gone)."""
+    seen = _marker.read(target.marker)
+    if seen is None:
+        return True
+    if not seen.readable:
+        _say_once(target.marker, "%s is not a lock marker sharedfs wrote (a symlink, FIFO, directory or oversized "
+                  "file): the lock counts as held. Remove it if nobody uses the lock: rm -f %s",
+                  target.marker, target.marker)
+        return False
+    record = seen.record
+    if record is None:
+        if seen.data:
+            _say_once(target.marker, "%s holds no holder record sharedfs can read: the lock counts as held. "
+                      "Remove it if nobody uses the lock: rm -f %s", target.marker, target.marker)
+            return False
+        dead = target.watch.unchanged_for(seen) >= _marker.EMPTY_GRACE
+    elif record.kind == "lease":
+        dead = target.watch.unchanged_for(seen) >= (record.lease_seconds or target.policy.lease_seconds)
+    elif native_held and record.kind in ("flock", "posix"):
+        dead = True  # that holder would still hold the native lock we now hold
+    else:
+        dead = holder_alive(record, target.policy) is False
+    if not dead:
+        return False
+    if _marker.break_stale(target.marker, seen):
+        from ..log import decision
+
+        holder = record.describe() if record else "a holder that never wrote its record"
+        decision(f"broke the lock {target.lock_file}: its holder ({holder}) is gone", every_rank=True)
+        return True
+    return False
+
+
+def drop_marker(hold: Hold, target: Target) -> None:
+    if hold.marker_fd is None:
+        return
+    if hold.lease is not None:
+        _marker.stop_lease(hold.lease)
+    if hold.pid == os.getpid():  # a forked child never removes its parent's marker
+        _marker._unlink_if_same(target.marker, os.fstat(hold.marker_fd))
+    os.close(hold.marker_fd)
+    hold.marker_fd = None
+
+
+# -- native kinds ---------------------------------------------------------------------------------
+
+
+class _InProcess:
+    """POSIX record locks belong to the process: a second descriptor in the same process "gets" the
+    lock too, and closing any descriptor of the file drops it.  A threading lock per file restores
+    exclusion between threads (filelock's thread-local default expects it)."""
+
+    _locks: dict[tuple[int, int], threading.Lock] = {}
+    _table = threading.Lock()
+
+    @classmethod
+    def for_file(cls, st: os.stat_result) -> threading.Lock:
+        with cls._table:
+            return cls._locks.setdefault((st.st_dev, st.st_ino), threading.Lock())
+
+
+def _open_lock_file(path: str, mode: int, *, writable: bool) -> int | None:
+    """Open (creating) the native lock file; ``None`` when it vanished meanwhile (contention)."""
+    flags = os.O_RDWR | os.O_CREAT | NOFOLLOW
+    try:
+        return os.open(path, flags, mode)
+    except FileNotFoundError:
+        return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
+    except PermissionError:
+        if writable:
+            raise
+        # Another user created the lock file without group write (their umask): flock works on a
+        # descriptor opened for reading, so waiting on each other needs no write access.
+        try:
+            return os.open(path, os.O_RDONLY | NOFOLLOW)
+        except FileNotFoundError:
+            return None
+
+
+class Native:
+    """``flock`` or POSIX ``lockf`` on the whole lock file."""
+
+    def __init__(self, target: Target, holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> None:
+        self.target = target
+        self.how = target.choice.kind
+        self.holder_alive = holder_alive
+
+    def _lock(self, fd: int, op: int) -> None:
+        (fcntl.flock if self.how == "flock" else fcntl.lockf)(fd, op)
+
+    def try_acquire(self) -> Hold | None:
+        fd = _open_lock_file(self.target.lock_file, self.target.mode, writable=self.how == "posix")
+        if fd is None:
+            return None
+        thread_lock: threading.Lock | None = None
+        locked = False
+        hold: Hold | None = None
+        try:
+            st = os.fstat(fd)
+            if self.how == "posix":
+                candidate = _InProcess.for_file(st)
+                if not candidate.acquire(blocking=False):
+                    return None
+                thread_lock = candidate
+            try:
+                self._lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in CONTENTION:
+                    return None
+                if exc.errno in NO_LOCKS:
+                    raise NativeLockRefused(self.how, exc) from exc
+                raise
+            locked = True
+            # Locked an inode someone unlinked or replaced (wids unlinks its lock files,
+            # webdataset#386): that lock guards no name, so let go and try again.
+            try:
+                current = os.stat(self.target.lock_file)
+            except FileNotFoundError:
+                return None
+            if (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
+                return None
+            candidate_hold = Hold(fd=fd, kind=self, thread_lock=thread_lock)
+            if self.target.choice.marker:
+                taken = take_marker(self.target, native_held=True, holder_alive=self.holder_alive)
+                if taken is None:
+                    return None
+                candidate_hold.marker_fd, candidate_hold.lease = taken
+            hold = candidate_hold
+            return hold
+        finally:
+            if hold is None:  # not acquired, or an error: undo in reverse order
+                try:
+                    if locked:
+                        self._lock(fd, fcntl.LOCK_UN)
+                finally:
+                    os.close(fd)
+                    if thread_lock is not None:
+                        thread_lock.release()
+
+    def release(self, hold: Hold) -> None:
+        drop_marker(hold, self.target)
+        try:
+            if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
+                self._lock(hold.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(hold.fd)
+            if hold.thread_lock is not None and hold.pid == os.getpid():
+                hold.thread_lock.release()
+
+
+# -- existence kinds ------------------------------------------------------------------------------
+
+
+class Existence:
+    """``soft`` and ``lease``: the marker alone."""
+
+    def __init__(self, target: Target, holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> None:
+        self.target = target
+        self.holder_alive = holder_alive
+
+    def try_acquire(self) -> Hold | None:
+        taken = take_marker(self.target, native_held=False, holder_alive=self.holder_alive)
+        if taken is None:
+            return None
+        fd, lease = taken
+        return Hold(fd=fd, kind=self, marker_fd=fd, lease=lease)
+
+    def release(self, hold: Hold) -> None:
+        drop_marker(hold, self.target)
+
+
+KINDS = {"flock": Native, "posix": Native, "soft": Existence, "lease": Existence}

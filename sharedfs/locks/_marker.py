@@ -1,0 +1,245 @@
+"""The existence marker: ``<lock>.held``, created ``O_EXCL``, holding the holder's record.
+
+An existence lock is held while its marker exists.  The marker's content is the
+holder's :class:`~sharedfs.records.HolderRecord` (one file, written through the
+descriptor that created it), so a waiter on any node can tell who holds the lock
+and whether that holder is gone.  Native locks on a shared filesystem take the
+marker too (see :mod:`sharedfs.locks`): then a process that had to fall back to
+an existence lock at run time is still excluded by, and still excludes, every
+process that uses the native lock.
+
+A marker left by a dead holder is *broken* (unlinked) only on evidence:
+
+* a record of a native-lock holder, seen by a process that now holds that native
+  lock itself (the holder would still hold it if it were alive);
+* a lease whose marker was not renewed for the lease's duration, measured on the
+  waiter's own monotonic clock (no comparison of clocks of different nodes);
+* a holder the ``sharedfs_holder_alive`` hook declares dead (same node, boot and
+  PID namespace with its pid gone; or the scheduler says its job step ended);
+* an empty marker that stayed empty for :data:`EMPTY_GRACE` seconds (its creator
+  died between create and write, or the disk was full).
+
+Anything else -- a record another node wrote and nobody can vouch for, a symlink,
+a FIFO, garbage -- is "cannot tell": the lock stays held, and the waiter says
+once what it found and how to clear it by hand.  Breakers take turns through
+``<lock>.held.break`` and re-read the marker under it: the bytes and the inode
+must still be the dead holder's, so a successor's fresh marker is never removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+from ..records import HolderRecord
+from ..safefile import create_exclusive, read_untrusted, write_all
+
+log = logging.getLogger("sharedfs")
+
+SUFFIX = ".held"
+BREAK_SUFFIX = ".break"
+#: Creating a marker and writing its record takes microseconds; a marker still empty after this
+#: long lost its writer (killed in between, or ENOSPC).
+EMPTY_GRACE = 30.0
+#: Breaking takes milliseconds; a break marker this old belongs to a breaker that died.
+BREAK_GRACE = 30.0
+
+
+def marker_path(lock_file: str) -> str:
+    """The marker of ``lock_file``.
+
+    Not the lock file itself: a native lock file stays on disk after release (filelock,
+    datasets and every framework leave it), so an existence lock on that name would be held
+    forever by the first process that ever used a native lock there.
+    """
+    return lock_file + SUFFIX
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A marker as a waiter read it: its bytes and identity, and what they say.
+
+    ``readable`` is False for what sharedfs never writes (a symlink, a FIFO, a directory, a
+    file over the size cap, one we may not read): nothing can be concluded from it.
+    """
+
+    data: bytes
+    identity: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns of the file that was read
+    record: HolderRecord | None
+    readable: bool = True
+
+
+def create(path: str, record: HolderRecord, mode: int) -> int:
+    """Create the marker ``path`` holding ``record``; the descriptor stays open while held.
+
+    Raises :class:`FileExistsError` while someone holds it.  A record that cannot be
+    written (ENOSPC, EDQUOT) removes the marker again and raises: an empty marker would
+    only block others until :data:`EMPTY_GRACE` runs out.
+    """
+    fd = create_exclusive(path, mode)
+    try:
+        write_all(fd, record.to_bytes())
+    except BaseException:
+        _unlink_if_same(path, os.fstat(fd))
+        os.close(fd)
+        raise
+    return fd
+
+
+def read(path: str) -> Seen | None:
+    """The marker at ``path`` as it is now; ``None`` when it is gone.  Never raises for hostile content."""
+    try:
+        got = read_untrusted(path)
+    except FileNotFoundError:
+        return None
+    if got is None:
+        return Seen(b"", (0, 0, 0), None, readable=False)
+    data, st = got
+    return Seen(data, (st.st_dev, st.st_ino, st.st_ctime_ns), HolderRecord.parse(data) if data else None)
+
+
+def break_stale(path: str, seen: Seen) -> bool:
+    """Remove the marker ``path`` if it is still exactly ``seen``; True when this call removed it."""
+    breaker = path + BREAK_SUFFIX
+    try:
+        fd = create_exclusive(breaker, 0o600)
+    except FileExistsError:
+        _clear_dead_breaker(breaker)
+        return False
+    except OSError:
+        return False
+    try:
+        now = read(path)
+        if now is None or not now.readable or now.data != seen.data or now.identity != seen.identity:
+            return False  # released, renewed or replaced since we looked
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        _unlink_if_same(breaker, os.fstat(fd))
+        os.close(fd)
+
+
+def _clear_dead_breaker(breaker: str) -> None:
+    try:
+        st = os.lstat(breaker)
+    except OSError:
+        return
+    if time.time() - st.st_mtime > BREAK_GRACE:
+        _unlink_if_same(breaker, st)
+
+
+def _unlink_if_same(path: str, st: os.stat_result) -> None:
+    """Unlink ``path`` only while it is still the file ``st`` describes (never a successor's)."""
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+class Watch:
+    """How long a waiter has seen one marker unchanged, on the waiter's own monotonic clock.
+
+    Leases and empty markers expire by *not changing* for a while; measuring that with the
+    waiter's clock avoids comparing file times written by another node's clock.
+    """
+
+    def __init__(self) -> None:
+        self._identity: tuple[tuple[int, int, int], bytes] | None = None
+        self._since = 0.0
+
+    def unchanged_for(self, seen: Seen) -> float:
+        key = (seen.identity, seen.data)
+        now = time.monotonic()
+        if key != self._identity:
+            self._identity, self._since = key, now
+        return now - self._since
+
+
+# -- lease renewal ----------------------------------------------------------------------------
+
+
+class _Renewer:
+    """One daemon thread per process renews every lease this process holds.
+
+    A lease is renewed by touching its marker (through the descriptor that created it)
+    every third of its duration; a waiter takes over a marker that stayed unchanged for
+    the whole duration, so a holder that is alive but stopped (SIGSTOP, a hung NFS
+    server) loses the lock, which is what a lease trades for progress.
+    """
+
+    def __init__(self) -> None:
+        self._held: weakref.WeakValueDictionary[int, _Lease] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, lease: _Lease) -> None:
+        with self._lock:
+            self._held[id(lease)] = lease
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="sharedfs-lease", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def remove(self, lease: _Lease) -> None:
+        with self._lock:
+            self._held.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                leases = list(self._held.values())
+            now = time.monotonic()
+            for lease in leases:
+                if now >= lease.due:
+                    lease.renew()
+            pause = min((lease.due for lease in leases), default=now + 60.0) - time.monotonic()
+            self._wake.wait(timeout=max(0.01, pause))
+            self._wake.clear()
+
+
+class _Lease:
+    def __init__(self, fd: int, path: str, seconds: float) -> None:
+        self.fd, self.path, self.period = fd, path, seconds / 3
+        self.due = time.monotonic() + self.period
+        self.lost = False
+
+    def renew(self) -> None:
+        self.due = time.monotonic() + self.period
+        try:
+            os.utime(self.fd)
+            st_fd, st_path = os.fstat(self.fd), os.lstat(self.path)
+            ok = (st_fd.st_dev, st_fd.st_ino) == (st_path.st_dev, st_path.st_ino)
+        except OSError:
+            ok = False
+        if not ok and not self.lost:
+            self.lost = True
+            log.error("the lease on %s was taken over by another process while this one still held it "
+                      "(it did not renew the marker in time: stopped, or a hung filesystem); the two may "
+                      "overlap. Raise SHAREDFS_LEASE_SECONDS, or use a non-lease lock kind.", self.path)
+
+
+_renewer = _Renewer()
+
+
+def start_lease(fd: int, path: str, seconds: float) -> _Lease:
+    lease = _Lease(fd, path, seconds)
+    _renewer.add(lease)
+    return lease
+
+
+def stop_lease(lease: _Lease) -> None:
+    _renewer.remove(lease)
