@@ -12,11 +12,12 @@ whose ``cache.py`` has the same shape) on a cluster (failures.md section 2):
 * ``num_workers=16`` on a task that owns 2 CPUs multiplies all of this.
 
 The shim swaps in a ``FileCache`` subclass built on :mod:`sharedfs.shardcache`
-(per-shard ``sharedfs.lock``, unique temp names, fsync + atomic rename, in-use
-markers, one evictor per cache), an atomic ``download``, an in-use-safe
-``LRUCleanup``, the node-local cache placement of the policy for
-``FileCache(cache_dir=None)``, and the DataLoader worker cap for webdataset
-pipelines (:mod:`sharedfs.workers`).
+(a ``sharedfs.lock`` per shard, private temp files, fsync + atomic rename, in-use
+markers, one evictor per cache; the coordination files beside the cache, never
+in it, so webdataset's own listing and size accounting see only shards), an
+atomic ``download``, an in-use-safe ``LRUCleanup``, the cache placement the
+kernel decided (``context.cache``) for ``FileCache(cache_dir=None)``, and the
+DataLoader worker cap for webdataset pipelines (:mod:`sharedfs.workers`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from types import ModuleType
 from typing import Any, Callable
 from urllib.parse import urlparse
 
+from sharedfs._policy import CachePlacement, Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
-from sharedfs._policy import Policy
-from sharedfs.shim import Shim
+from sharedfs.shim import Shim, ShimContext
 
 CHUNK = 1024 * 1024
 
@@ -42,41 +43,34 @@ class WebDatasetShim(Shim):
     distribution = "webdataset"
     # 0.2.x and 1.0.x share cache.py's FileCache/LRUCleanup/download shape (checked: 0.2.111, 1.0.2).
     supported = ">=0.2,<1.1"
+    # webdataset reads WDS_CACHE once, at import (cache.py: default_cache_dir).
+    cache_env = "WDS_CACHE"
+    cache_default = "./_cache"
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         from sharedfs import workers
 
         cache = sys.modules["webdataset.cache"]
         original_cleanup = cache.LRUCleanup
-        cleanup = make_lru_cleanup(original_cleanup)
-        self.patcher.setattr(cache, "FileCache", make_file_cache(cache, cleanup))
+        cleanup = make_lru_cleanup(original_cleanup, policy)
+        self.patcher.setattr(cache, "FileCache", make_file_cache(cache, cleanup, policy))
         self.patcher.setattr(cache, "download", make_download(cache))
         for owner in (cache, module):  # ``webdataset.LRUCleanup`` is re-exported by name
             if getattr(owner, "LRUCleanup", None) is original_cleanup:
                 self.patcher.setattr(owner, "LRUCleanup", cleanup)
-        self._place_cache(cache, policy)
+        if context.cache is not None:
+            self._place_cache(cache, context.cache, policy)
         pipeline = getattr(module, "DataPipeline", None)
-        if pipeline is not None and workers.install():
+        if pipeline is not None:  # the torch shim caps DataLoaders over datasets a predicate claims
             self.patcher.setitem(workers.PREDICATES, self.name, lambda dataset: isinstance(dataset, pipeline))
 
-    def unpatch(self) -> None:
-        from sharedfs import workers
-
-        super().unpatch()
-        workers.uninstall_if_unused()
-
-    def _place_cache(self, cache: ModuleType, policy: Policy) -> None:
-        from sharedfs import runtime
-
-        if os.environ.get("WDS_CACHE"):
-            if policy.cache == "node-local":
-                decision(f"webdataset cache stays at {cache.default_cache_dir}: WDS_CACHE is set "
-                         "(an explicit user setting wins over SHAREDFS_CACHE=node-local)")
+    def _place_cache(self, cache: ModuleType, placement: CachePlacement, policy: Policy) -> None:
+        if placement.path is None:
+            if policy.cache != "auto":  # under auto, keeping webdataset's own choice is no news
+                decision(f"webdataset cache stays at {cache.default_cache_dir}: {placement.reason}")
             return
-        placed = runtime.registry().cache_placement("webdataset", policy)
-        if placed is not None:
-            self.patcher.setattr(cache, "default_cache_dir", placed)
-            decision(f"webdataset default cache -> {placed} (node-local, {policy.source('cache')})")
+        self.patcher.setattr(cache, "default_cache_dir", placement.path)
+        decision(f"webdataset default cache -> {placement.path} ({placement.reason})")
 
 
 def _fetch(gopen: Callable[..., Any], url: str, path: str) -> None:
@@ -103,7 +97,7 @@ def make_download(cache: ModuleType) -> Callable[..., None]:
     return download
 
 
-def make_lru_cleanup(original: type) -> type:
+def make_lru_cleanup(original: type, policy: Policy) -> type:
     class SharedFSLRUCleanup(original):  # type: ignore[misc, valid-type]
         """sharedfs: LRU cleanup that never deletes a shard another process has open or is opening.
 
@@ -117,14 +111,14 @@ def make_lru_cleanup(original: type) -> type:
 
             if self.cache_dir is None:
                 return
-            for path in evict(self.cache_dir, self.cache_size, interval=self.interval):
+            for path in evict(os.fspath(self.cache_dir), self.cache_size, interval=self.interval, policy=policy):
                 if self.verbose:
                     print(f"# deleting {path}", file=sys.stderr)
 
     return SharedFSLRUCleanup
 
 
-def make_file_cache(cache: ModuleType, cleanup: type) -> type:
+def make_file_cache(cache: ModuleType, cleanup: type, policy: Policy) -> type:
     original = cache.FileCache
     gopen_module = sys.modules["webdataset.gopen"]
     reraise = sys.modules["webdataset.handlers"].reraise_exception
@@ -138,9 +132,7 @@ def make_file_cache(cache: ModuleType, cleanup: type) -> type:
 
         def __init__(self, cache_dir: str | None = None, **kwargs: Any) -> None:
             super().__init__(cache_dir, **kwargs)
-            from sharedfs import runtime
-
-            if cache_dir is not None and runtime.policy().cache == "node-local":
+            if cache_dir is not None and policy.cache == "node-local":
                 decision(f"webdataset cache stays at {cache_dir}: cache_dir= (or WDS_CACHE) was given "
                          "(an explicit user setting wins over SHAREDFS_CACHE=node-local)")
             if self.cleaner is not None and not isinstance(self.cleaner, cleanup):
@@ -167,7 +159,7 @@ def make_file_cache(cache: ModuleType, cleanup: type) -> type:
                         data = fh.read(200)
                     raise ValueError(f"{dest} ({url}) is not a tar archive, contains {data!r}")
 
-            stream, marker = open_shard(dest, download, validate=validate)
+            stream, marker = open_shard(dest, download, validate=validate, policy=policy)
             return stream, dest, marker
 
         def get_file(self, url: str) -> str:
@@ -192,7 +184,7 @@ def make_file_cache(cache: ModuleType, cleanup: type) -> type:
                     try:
                         if cache.islocal(url):
                             dest = urlparse(url).path
-                            stream = open(dest, "rb")
+                            stream = open(dest, "rb")  # noqa: SIM115 - handed to the pipeline, which closes it
                         else:
                             stream, dest, marker = self._open(url)
                     except Exception as exn:  # noqa: BLE001 - webdataset's handler decides, as upstream
@@ -203,7 +195,7 @@ def make_file_cache(cache: ModuleType, cleanup: type) -> type:
                         break
                     try:
                         # The shard stays marked in use until the pipeline asks for the next one.
-                        yield dict(url=url, stream=stream, local_path=dest)
+                        yield {"url": url, "stream": stream, "local_path": dest}
                     finally:
                         if marker is not None:
                             marker.release()

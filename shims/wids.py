@@ -16,10 +16,14 @@ What wids 0.1.x (and the copy bundled in webdataset 0.2.x) does on a cluster
   ``ExclusiveLock`` unlinks its lock file too.
 
 The shim routes ``download_and_open`` through :mod:`sharedfs.shardcache`
-(``sharedfs.lock`` per shard, never unlinked while others may hold it; unique
+(``sharedfs.lock`` per shard, never unlinked while others may hold it; private
 temp + fsync + rename; in-use markers held while a shard sits in a dataset's
-LRU), places the default cache by policy, makes cleanup in-use safe and run by
-one process per cache, and caps DataLoader workers over a ``ShardListDataset``.
+LRU; the coordination files beside the cache, never in it, so wids' own cleanup
+counts only shards), puts the default cache where the kernel decided
+(``context.cache``; an unsafe node-local directory fails the import before this
+shim runs, never falling back to ``/tmp/_wids_cache``), makes cleanup in-use
+safe and run by one process per cache, and caps DataLoader workers over a
+``ShardListDataset``.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ import os
 import sys
 from datetime import datetime
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from sharedfs._policy import CachePlacement, Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
-from sharedfs._policy import Policy
-from sharedfs.shim import Shim
+from sharedfs.shim import Shim, ShimContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self
 
 #: The wids distribution's own versions, and webdataset 0.2.x, which bundles the same package.
 SUPPORTED = {"wids": ">=0.1,<0.2", "webdataset": ">=0.2,<0.3"}
@@ -53,6 +60,9 @@ def _distribution() -> str:
 class WidsShim(Shim):
     name = "wids"
     target = "wids"
+    # wids reads WIDS_CACHE whenever a ShardListDataset gets neither cache_dir nor localname.
+    cache_env = "WIDS_CACHE"
+    cache_default = "/tmp/_wids_cache"
 
     @property  # type: ignore[override]
     def distribution(self) -> str:
@@ -62,47 +72,37 @@ class WidsShim(Shim):
     def supported(self) -> str:
         return SUPPORTED[self.distribution]
 
-    def apply(self, module: ModuleType, policy: Policy) -> None:
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         from sharedfs import workers
 
         dl = sys.modules["wids.wids_dl"]
         core = sys.modules["wids.wids"]
         original = dl.download_and_open
-        replacement = make_download_and_open(dl)
-        self.patcher.setattr(dl, "ULockFile", SharedFSLockFile)
+        replacement = make_download_and_open(dl, policy)
+        self.patcher.setattr(dl, "ULockFile", make_lock_file(policy))
         for owner in (dl, core):  # wids.wids binds it by name at import
             if getattr(owner, "download_and_open", None) is original:
                 self.patcher.setattr(owner, "download_and_open", replacement)
-        self.patcher.setattr(core.LRUShards, "get_shard", make_get_shard(core, dl))
+        self.patcher.setattr(core.LRUShards, "get_shard", make_get_shard(core, dl, policy))
         self.patcher.setattr(core.LRUShards, "release_handler", _release_handler)
-        self._patch_cleanup()
-        self._place_cache(core, policy)
+        self._patch_cleanup(policy)
+        self._place_cache(core, policy, context.cache)
         dataset = core.ShardListDataset
-        if workers.install():
-            self.patcher.setitem(workers.PREDICATES, self.name, lambda ds: isinstance(ds, dataset))
+        # The torch shim caps DataLoaders over datasets a predicate claims.
+        self.patcher.setitem(workers.PREDICATES, self.name, lambda ds: isinstance(ds, dataset))
 
-    def unpatch(self) -> None:
-        from sharedfs import workers
-
-        super().unpatch()
-        workers.uninstall_if_unused()
-
-    def _patch_cleanup(self) -> None:
+    def _patch_cleanup(self, policy: Policy) -> None:
         try:
             import wids.wids_cleanup as cleanup  # imports numpy, which wids itself needs anyway
         except ImportError:
             return
-        self.patcher.setattr(cleanup, "keep_most_recent_files", keep_most_recent_files)
-        self.patcher.setattr(cleanup, "ExclusiveLock", SharedFSExclusiveLock)
+        self.patcher.setattr(cleanup, "keep_most_recent_files", make_keep_most_recent_files(policy))
+        self.patcher.setattr(cleanup, "ExclusiveLock", make_exclusive_lock(policy))
 
-    def _place_cache(self, core: ModuleType, policy: Policy) -> None:
-        from sharedfs import runtime
-
-        user = os.environ.get("WIDS_CACHE")
-        placed = None if user else runtime.registry().cache_placement("wids", policy)
-        if user and policy.cache == "node-local":
-            decision(f"wids cache stays at {user}: WIDS_CACHE is set "
-                     "(an explicit user setting wins over SHAREDFS_CACHE=node-local)")
+    def _place_cache(self, core: ModuleType, policy: Policy, placement: CachePlacement | None) -> None:
+        placed = placement.path if placement is not None else None
+        if placement is not None and placed is None and policy.cache != "auto":
+            decision(f"wids cache stays where wids puts it: {placement.reason}")
         original_init = core.ShardListDataset.__init__
         default_localname = core.DefaultLocalname
 
@@ -120,34 +120,36 @@ class WidsShim(Shim):
 
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         __init__.__doc__ = original_init.__doc__
-        if placed is not None:
-            why = ("the default /tmp/_wids_cache is shared by every user of the node"
-                   if policy.cache == "auto" else f"node-local, {policy.source('cache')}")
-            decision(f"wids default cache -> {placed} ({why})")
+        if placement is not None and placed is not None:
+            decision(f"wids default cache -> {placed} ({placement.reason})")
         self.patcher.setattr(core.ShardListDataset, "__init__", __init__)
 
 
-class SharedFSLockFile:
-    """Drop-in for wids' ``ULockFile``: a :func:`sharedfs.lock` that never unlinks a lock others may hold.
+def make_lock_file(policy: Policy) -> type:
+    class SharedFSLockFile:
+        """Drop-in for wids' ``ULockFile``: a :func:`sharedfs.lock` that never unlinks a lock others may hold.
 
-    The lock file is ``path`` itself, as in wids, with the lock kind chosen for its filesystem.
-    """
+        The lock file is ``path`` itself, as in wids, with the lock kind chosen for its filesystem.
+        """
 
-    def __init__(self, path: str) -> None:
-        self.lockfile_path = path
-        self._lock: Any = None
+        def __init__(self, path: str) -> None:
+            self.lockfile_path = path
+            self._lock: Any = None
 
-    def __enter__(self) -> SharedFSLockFile:
-        from sharedfs.locks import lock
+        def __enter__(self) -> Self:
+            from sharedfs.locks import lock
 
-        self._lock = lock(self.lockfile_path, timeout=-1)
-        self._lock.acquire()
-        return self
+            self._lock = lock(self.lockfile_path, timeout=-1, policy=policy)
+            self._lock.acquire()
+            return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        def __exit__(self, *exc: object) -> None:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    SharedFSLockFile.__qualname__ = "SharedFSLockFile"
+    return SharedFSLockFile
 
 
 def _downloader(dl: ModuleType, remote: str, handlers: Any, verbose: bool) -> Callable[[str], None]:
@@ -162,13 +164,13 @@ def _downloader(dl: ModuleType, remote: str, handlers: Any, verbose: bool) -> Ca
     return download
 
 
-def make_download_and_open(dl: ModuleType) -> Callable[..., Any]:
+def make_download_and_open(dl: ModuleType, policy: Policy) -> Callable[..., Any]:
     def download_and_open(remote: str, local: str, mode: str = "rb", handlers: Any = None,
                           verbose: bool = False) -> Any:
         """sharedfs: wids' ``download_and_open`` with a per-shard sharedfs lock and atomic publication."""
         from sharedfs.shardcache import open_shard
 
-        stream, marker = open_shard(local, _downloader(dl, remote, handlers, verbose), mode=mode)
+        stream, marker = open_shard(local, _downloader(dl, remote, handlers, verbose), mode=mode, policy=policy)
         marker.release()  # the caller holds an open file; a later unlink cannot take it away
         if dl.open_objects is not None:
             for k, v in list(dl.open_objects.items()):
@@ -183,7 +185,7 @@ def make_download_and_open(dl: ModuleType) -> Callable[..., Any]:
     return download_and_open
 
 
-def make_get_shard(core: ModuleType, dl: ModuleType) -> Callable[[Any, str], Any]:
+def make_get_shard(core: ModuleType, dl: ModuleType, policy: Policy) -> Callable[[Any, str], Any]:
     def get_shard(self: Any, url: str) -> Any:
         """sharedfs: wids' ``LRUShards.get_shard``; the shard is marked in use while it sits in the LRU."""
         from sharedfs.shardcache import open_shard
@@ -192,7 +194,7 @@ def make_get_shard(core: ModuleType, dl: ModuleType) -> Callable[[Any, str], Any
         self.accesses += 1
         if url not in self.lru:
             local = self.localname(url)
-            stream, marker = open_shard(local, _downloader(dl, url, None, False))
+            stream, marker = open_shard(local, _downloader(dl, url, None, False), policy=policy)
             try:
                 with stream:
                     itf = core.IndexedTarSamples(path=local, stream=stream)
@@ -219,70 +221,69 @@ def _release_handler(self: Any, key: Any, value: Any) -> None:
             marker.release()
 
 
-def keep_most_recent_files(pattern: str, maxsize: int = int(1e12), maxfiles: int = 1000,
-                           debug: bool = False) -> None:
-    """sharedfs: wids' cleanup, but a shard in use (or being downloaded) is never deleted.
+def make_keep_most_recent_files(policy: Policy) -> Callable[..., None]:
+    def keep_most_recent_files(pattern: str, maxsize: int = int(1e12), maxfiles: int = 1000,
+                               debug: bool = False) -> None:
+        """sharedfs: wids' cleanup, but a shard in use (or being downloaded) is never deleted.
 
-    Keeps the most recent files matching ``pattern`` within ``maxsize`` bytes and
-    ``maxfiles`` files, like wids; one process per cache directory runs it at a time.
-    """
-    from sharedfs.errors import LockTimeout
-    from sharedfs.locks import lock
-    from sharedfs.shardcache import META, NOT_SHARDS, try_evict
+        Keeps the most recent files matching ``pattern`` within ``maxsize`` bytes and
+        ``maxfiles`` files, like wids; one process per cache directory runs it at a time.
+        """
+        from sharedfs.shardcache import NOT_SHARDS, evictor, try_evict
 
-    directory = os.path.dirname(os.path.abspath(pattern))
-    os.makedirs(os.path.join(directory, META), exist_ok=True)
-    evictor = lock(os.path.join(directory, META, "evict.lock"), timeout=0)
-    try:
-        evictor.acquire()
-    except LockTimeout:
-        return
-    try:
-        files = []
-        for fname in glob.glob(pattern):
-            if os.path.basename(fname).endswith(NOT_SHARDS):
-                continue
+        directory = os.path.dirname(os.path.abspath(pattern))
+        with evictor(directory, policy) as mine:
+            if not mine:
+                return  # another process is cleaning this cache right now
+            files = []
+            for fname in glob.glob(pattern):
+                if os.path.basename(fname).endswith(NOT_SHARDS):
+                    continue
+                try:
+                    st = os.stat(fname)
+                except FileNotFoundError:
+                    continue
+                files.append((st.st_mtime, fname, st.st_size))
+            files.sort(reverse=True)
+            # Like wids: keep the newest files while their running total stays below maxsize and
+            # their number below maxfiles; everything older goes, unless someone is using it.
+            total, kept, keeping = 0, 0, True
+            for _, fname, size in files:
+                total += size
+                keeping = keeping and total < maxsize and kept < maxfiles
+                if keeping:
+                    kept += 1
+                    continue
+                if try_evict(fname, policy) and debug:
+                    print("deleted", fname, file=sys.stderr)
+
+    return keep_most_recent_files
+
+
+def make_exclusive_lock(policy: Policy) -> type:
+    class SharedFSExclusiveLock:
+        """Drop-in for ``wids_cleanup.ExclusiveLock``: non-blocking, and never unlinks a lock others may hold."""
+
+        def __init__(self, lockfile: str) -> None:
+            from sharedfs.locks import lock
+
+            self.lockfile = lockfile
+            self._lock = lock(lockfile, timeout=0, policy=policy)
+
+        def try_lock(self) -> bool:
+            from sharedfs.errors import LockTimeout
+
             try:
-                st = os.stat(fname)
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime, fname, st.st_size))
-        files.sort(reverse=True)
-        # Like wids: keep the newest files while their running total stays below maxsize and
-        # their number below maxfiles; everything older goes, unless someone is using it.
-        total, kept, keeping = 0, 0, True
-        for _, fname, size in files:
-            total += size
-            keeping = keeping and total < maxsize and kept < maxfiles
-            if keeping:
-                kept += 1
-                continue
-            if try_evict(fname) and debug:
-                print("deleted", fname, file=sys.stderr)
-    finally:
-        evictor.release()
+                self._lock.acquire()
+            except LockTimeout:
+                return False
+            return True
 
+        def release_lock(self) -> None:
+            self._lock.release()
 
-class SharedFSExclusiveLock:
-    """Drop-in for ``wids_cleanup.ExclusiveLock``: non-blocking, and never unlinks a lock others may hold."""
-
-    def __init__(self, lockfile: str) -> None:
-        from sharedfs.locks import lock
-
-        self.lockfile = lockfile
-        self._lock = lock(lockfile, timeout=0)
-
-    def try_lock(self) -> bool:
-        from sharedfs.errors import LockTimeout
-
-        try:
-            self._lock.acquire()
-        except LockTimeout:
-            return False
-        return True
-
-    def release_lock(self) -> None:
-        self._lock.release()
+    SharedFSExclusiveLock.__qualname__ = "SharedFSExclusiveLock"
+    return SharedFSExclusiveLock
 
 
 @hookimpl

@@ -60,8 +60,13 @@ def _env(**extra: object) -> dict[str, str]:
 
 
 def _visible(cache: Path) -> list[str]:
-    """What a user (or webdataset) sees in the cache directory: everything but sharedfs's hidden dir."""
-    return sorted(p.name for p in cache.iterdir() if p.name != ".sharedfs")
+    """What a user (or webdataset) sees in the cache directory: all of it (sharedfs keeps nothing there)."""
+    return sorted(p.name for p in cache.iterdir())
+
+
+def _coordination(cache: Path) -> Path:
+    """Where sharedfs keeps the cache's locks, claims, markers and partial downloads: beside it."""
+    return cache.parent / f".{cache.name}.sharedfs"
 
 
 def test_two_nodes_fetch_each_shard_once_per_cache_with_sharedfs(hostile_mount, shards, tmp_path) -> None:
@@ -136,13 +141,13 @@ def test_killed_download_leaves_no_visible_partial(hostile_mount, shards) -> Non
     assert leftovers["sharedfs"] == []
     published = mount.path / "sharedfs" / name
     assert published.read_bytes() == (root / name).read_bytes()
-    assert list((mount.path / "sharedfs" / ".sharedfs" / "tmp").iterdir()) == []
+    assert list((_coordination(mount.path / "sharedfs") / "tmp").iterdir()) == []
 
 
 def _partial_written(cache: Path) -> bool:
     # The temp file exists once the response started (webdataset reads in 1 MiB chunks, so
     # with the server stalled half-way it may hold no bytes yet: still a partial shard).
-    return bool([*cache.glob("*.temp*"), *cache.glob(".sharedfs/tmp/*")])
+    return bool([*cache.glob("*.temp*"), *(_coordination(cache) / "tmp").glob("*/*")])
 
 
 # Readers that go through webdataset's FileCache with a cache smaller than one shard, so
@@ -234,11 +239,12 @@ def test_shim_is_reversible_and_version_gated() -> None:
     code = textwrap.dedent("""
         import json, webdataset, webdataset.cache as cache
         from torch.utils.data import DataLoader
-        from sharedfs import runtime
-        state = runtime.shim_states()["webdataset"]
+        import sharedfs
+        from sharedfs import activation
+        state = activation.shim_states()["webdataset"]
         patched = (cache.FileCache.__module__, cache.FileCache.__name__, state.supported,
                    DataLoader.__init__.__name__, hasattr(DataLoader.__init__, "__wrapped__"))
-        runtime.disable()
+        sharedfs.disable()
         restored = (cache.FileCache.__qualname__, cache.download.__doc__.startswith("Download"),
                     hasattr(DataLoader.__init__, "__wrapped__"), webdataset.LRUCleanup is cache.LRUCleanup)
         print(json.dumps([patched, restored, state.installed_version]))

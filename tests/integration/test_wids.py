@@ -156,7 +156,7 @@ def test_killed_download_leaves_no_truncated_shard(tmp_path, shards) -> None:
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            seen[label] = sorted(p.name for p in cache.iterdir() if p.name != ".sharedfs")
+            seen[label] = sorted(p.name for p in cache.iterdir())  # sharedfs keeps nothing in the cache
         server.stall.clear()
         after = {label: subprocess.run([sys.executable, "-c", GET, str(tmp_path / label), server.url(name)],
                                        env=_env(**extra), capture_output=True, text=True, timeout=60)
@@ -169,7 +169,12 @@ def test_killed_download_leaves_no_truncated_shard(tmp_path, shards) -> None:
     fixed = after["sharedfs"]
     assert fixed.returncode == 0 and fixed.stdout.strip().splitlines()[-1] == str(SAMPLES), fixed.stderr
     assert (tmp_path / "sharedfs" / name).read_bytes() == (root / name).read_bytes()
-    assert list((tmp_path / "sharedfs" / ".sharedfs" / "tmp").iterdir()) == []
+    assert list((_coordination(tmp_path / "sharedfs") / "tmp").iterdir()) == []
+
+
+def _coordination(cache: Path) -> Path:
+    """Where sharedfs keeps the cache's locks, claims, markers and partial downloads: beside it."""
+    return cache.parent / f".{cache.name}.sharedfs"
 
 
 def _listing(cache: Path) -> list[str]:
@@ -178,7 +183,7 @@ def _listing(cache: Path) -> list[str]:
 
 def _bytes_written(cache: Path) -> int:
     total = 0
-    for path in [*cache.glob("*.tar"), *cache.glob(".sharedfs/tmp/*")]:
+    for path in [*cache.glob("*.tar"), *(_coordination(cache) / "tmp").glob("*/*")]:
         try:
             total = max(total, path.stat().st_size)
         except FileNotFoundError:
@@ -253,12 +258,13 @@ PLACE = textwrap.dedent("""
     import json
     import wids, wids.wids as core, wids.wids_dl as dl
     from torch.utils.data import DataLoader
-    from sharedfs import runtime
+    import sharedfs
+    from sharedfs import activation
     shards = [{"url": "http://127.0.0.1:9/x.tar", "nsamples": 1}]
-    state = runtime.shim_states()["wids"]
+    state = activation.shim_states()["wids"]
     before = [wids.ShardListDataset(shards, transformations=[]).cache_dir, dl.ULockFile.__name__,
               core.download_and_open is dl.download_and_open, state.installed_version, state.supported]
-    runtime.disable()
+    sharedfs.disable()
     after = [wids.ShardListDataset(shards, transformations=[]).cache_dir, dl.ULockFile.__name__,
              core.download_and_open.__module__, hasattr(DataLoader.__init__, "__wrapped__")]
     print(json.dumps([before, after]))
