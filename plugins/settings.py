@@ -1,18 +1,34 @@
-"""Settings from the TOML file (``SHAREDFS_CONFIG``) and the ``SHAREDFS_*`` environment."""
+"""Settings from the TOML file (``SHAREDFS_CONFIG``) and the ``SHAREDFS_*`` environment.
+
+Both are read at the first import of a target framework, so neither may hang it
+or fail with anything but a :class:`~sharedfs.ConfigError` that names the
+variable: the file is read only if it is a regular file (a FIFO or ``/dev/zero``
+named by mistake is refused at once, never read), at most :data:`MAX_FILE_BYTES`,
+and must be UTF-8 TOML; an environment value longer than :data:`MAX_VALUE_CHARS`
+is refused before it is parsed.  The file may be a symlink: the user named it,
+and following a link the user chose is what they asked for.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sharedfs import envvars
+from sharedfs._policy import Layer
 from sharedfs.errors import ConfigError
 from sharedfs.hookspecs import hookimpl
-from sharedfs._policy import Layer
 from sharedfs.settings import BY_NAME, SETTINGS
 
 FILE_PRIORITY = 100
 ENV_PRIORITY = 200
+#: A policy file is a few hundred bytes; a site file with other tables, a few KiB.
+MAX_FILE_BYTES = 1024 * 1024
+#: No setting's value is longer than a path.
+MAX_VALUE_CHARS = 4096
 
 
 @hookimpl
@@ -25,6 +41,9 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> list[Layer]:
     origins = {}
     for setting in SETTINGS:
         raw = environ.get(setting.env, "")
+        if len(raw) > MAX_VALUE_CHARS:
+            raise ConfigError(setting.env, raw[:40] + "...", f"at most {MAX_VALUE_CHARS} characters ({setting.expected})",
+                              f"it has {len(raw)}")
         if raw.strip():  # an exported-but-empty variable means "not set", as in most tools
             values[setting.name] = raw
             origins[setting.name] = setting.env
@@ -39,9 +58,12 @@ def read_toml_layer(path: str) -> Layer:
     table = data.get("sharedfs", data)
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: sharedfs", table, "a table of settings")
-    for key in table:
+    for key, value in table.items():
         if key not in BY_NAME:
-            raise ConfigError(f"{path}: {key}", table[key], "a known key: " + ", ".join(BY_NAME))
+            raise ConfigError(f"{path}: {key}", value, "a known key: " + ", ".join(BY_NAME))
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            raise ConfigError(f"{path}: {key}", value[:40] + "...", f"at most {MAX_VALUE_CHARS} characters",
+                              f"it has {len(value)}")
     return Layer(f"file {path}", FILE_PRIORITY, dict(table), {key: f"{path}: {key}" for key in table})
 
 
@@ -50,10 +72,52 @@ def _read_toml(path: str) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - exercised on 3.9/3.10
         import tomli as tomllib
+    data = _read_config_bytes(path)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(envvars.CONFIG, path, "a readable TOML file", exc.strerror or str(exc)) from None
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(envvars.CONFIG, path, "a UTF-8 TOML file", f"byte {exc.start} is not UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(envvars.CONFIG, path, "valid TOML", str(exc)) from None
+    except RecursionError:  # arrays nested thousands deep
+        raise ConfigError(envvars.CONFIG, path, "valid TOML", "nested too deeply") from None
+
+
+def _read_config_bytes(path: str) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_FILE_BYTES; never blocks on open or read."""
+    try:
+        # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer (and the type
+        # check below refuses it); no O_NOFOLLOW: a symlink the user named is the user's choice.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ConfigError(envvars.CONFIG, path, "a readable TOML file", exc.strerror or str(exc)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(envvars.CONFIG, path, "a regular TOML file", f"it is {_kind(st.st_mode)}")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError(envvars.CONFIG, path, f"a TOML file of at most {MAX_FILE_BYTES} bytes",
+                              f"it has {st.st_size}")
+        chunks = []
+        size = 0
+        while size <= MAX_FILE_BYTES:  # the file may grow while we read: never more than the cap
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(envvars.CONFIG, path, "a readable TOML file", exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(envvars.CONFIG, path, f"a TOML file of at most {MAX_FILE_BYTES} bytes", "it grew past that")
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return f"not a regular file (mode {mode:o})"

@@ -13,13 +13,17 @@ from __future__ import annotations
 import errno
 import os
 import random
-import stat
 import time
 from pathlib import Path
 from typing import Callable, Union
 
-from .errors import UnsafeDirectoryError, WaitTimeout
+from . import choices, dist, runtime
 from ._policy import Policy
+from .cleanup import enter_job
+from .errors import WaitTimeout
+from .nodelocal import job_id, node_local_root, open_private, open_root, root_of, user_dir_name
+
+__all__ = ["job_id", "makedirs", "node_local_dir", "node_local_root", "wait_for"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -39,15 +43,13 @@ def wait_for(target: PathLike | Callable[[], bool], timeout: float | None = None
     :class:`sharedfs.WaitTimeout` says what was awaited, from where, on which
     filesystem, and what to change.
     """
-    from . import runtime
-
     if timeout is None:
         timeout = runtime.policy().wait_timeout
     if callable(target):
         check, path = target, None
     else:
         path = os.path.abspath(os.fspath(target))
-        check = lambda: _visible(path)  # noqa: E731
+        check = lambda: _visible(path)
     start = time.monotonic()
     deadline = start + timeout
     delay = FIRST_POLL
@@ -72,14 +74,12 @@ def _visible(path: str) -> bool:
 
 
 def _wait_message(path: str | None, what: str, waited: float) -> str:
-    from . import runtime
-
     ident = runtime.identity()
     where = f"node {ident.node_id}, rank {ident.rank} of {ident.world_size}"
     if path is None:
         return (f"waited {waited:.1f} s for {what} on {where} and it never became true. "
                 "Raise SHAREDFS_WAIT_TIMEOUT if the producer is just slow.")
-    fs = runtime.describe_filesystem(path)
+    fs = choices.filesystem(path)
     return (
         f"waited {waited:.1f} s for {path} to appear on {where}; it is on {fs.kind} "
         f"({fs.mount.fstype} {fs.mount.mount_point}, options {fs.mount.raw_options or 'none'}). "
@@ -100,9 +100,7 @@ def makedirs(path: PathLike, mode: int = 0o777, *, timeout: float | None = None,
     """
     target = os.path.abspath(os.fspath(path))
     if barrier:
-        from . import dist, runtime
-
-        fs = runtime.describe_filesystem(target)
+        fs = choices.filesystem(target)
         ident = runtime.identity()
         creator = ident.is_leader if fs.shared else ident.is_node_leader
         if creator:
@@ -139,89 +137,39 @@ def _create_tree(target: str, mode: int, timeout: float | None) -> None:
                 pass
 
 
-def node_local_root(policy: Policy | None = None) -> str:
-    """The node-local storage root: ``SHAREDFS_CACHE_ROOT``, ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``."""
-    if policy is None:
-        from . import runtime
-
-        policy = runtime.policy()
-    for candidate in (policy.cache_root, os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR")):
-        if candidate:
-            return candidate
-    return "/tmp"
-
-
-def job_id() -> str:
-    """The scope of job-scoped directories: the Slurm job, else the torchrun run, else this user session."""
-    for name in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        value = os.environ.get(name, "").strip()
-        if value and "/" not in value:
-            return f"job-{value}"
-    return "nojob"
-
-
 def node_local_dir(name: str, *, policy: Policy | None = None, create: bool = True) -> Path:
     """A per-user, per-job directory ``<root>/sharedfs-<uid>/<job>/<name>`` on node-local storage.
 
     Every level sharedfs creates is mode 0700.  An existing level that is a
     symlink, owned by another user, or writable by others is refused with
     :class:`sharedfs.UnsafeDirectoryError` (a predictable ``/tmp`` path lets
-    another user plant cache content; failures.md section 5); so is a
-    world-writable root without the sticky bit.
+    another user plant cache content; failures.md section 5); so is a root that
+    is missing, not a directory, writable by others without the sticky bit, or
+    owned by another user (the message names the variable the root came from).
+    Each level is opened by descriptor relative to the one above and checked on
+    that descriptor (:mod:`sharedfs.nodelocal`).
     """
-    if not name or "/" in name or name in (".", ".."):
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
         raise ValueError(f"node_local_dir name must be one path component, got {name!r}")
-    root = node_local_root(policy)
-    _check_root(root)
-    path = Path(root, f"sharedfs-{os.getuid()}", job_id(), name)
-    if create:
-        from .cleanup import job_scope
-
-        # Under the job's node-local lock, and counted as a user of the job's directory: the job's
-        # last process on this node removes it at exit (sharedfs.cleanup).
-        with job_scope(path.parent):
-            for level in (path.parents[1], path.parent, path):
-                _make_private(level)
+    if policy is None:
+        policy = runtime.policy()
+    root = root_of(policy)
+    job = job_id()
+    user = user_dir_name(os.getuid())
+    path = Path(root.path, user, job, name)
+    if not create:
+        return path
+    fds = [open_root(root)]
+    try:
+        fds.append(open_private(fds[-1], user, shown=str(path.parents[1])))
+        if job.startswith("job-"):
+            # Under the job's node-local lock, and counted as a user of the job's directory until this
+            # process exits (sharedfs.cleanup says who removes it, and when).
+            fds.append(enter_job(root.path, fds[-1], job, policy))
+        else:
+            fds.append(open_private(fds[-1], job, shown=str(path.parent)))
+        fds.append(open_private(fds[-1], name, shown=str(path)))
+    finally:
+        for fd in fds:
+            os.close(fd)
     return path
-
-
-def _check_root(root: str) -> None:
-    try:
-        st = os.stat(root)
-    except FileNotFoundError:
-        raise UnsafeDirectoryError(
-            f"node-local root {root} does not exist; set SHAREDFS_CACHE_ROOT to a local directory"
-        ) from None
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise UnsafeDirectoryError(
-            f"node-local root {root} is world-writable without the sticky bit, so another user could "
-            f"replace sharedfs's directories; fix it with `chmod +t {root}` or set SHAREDFS_CACHE_ROOT"
-        )
-
-
-def _make_private(path: Path) -> None:
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise UnsafeDirectoryError(f"{path} vanished while being created; is another process deleting it?") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDirectoryError(
-            f"{path} is a symlink (to {os.readlink(path)}); sharedfs will not follow it because another user "
-            f"could point it anywhere. Remove it if you created it, else report it to your admins."
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectoryError(f"{path} exists and is not a directory; remove it or set SHAREDFS_CACHE_ROOT")
-    if st.st_uid != os.getuid():
-        raise UnsafeDirectoryError(
-            f"{path} is owned by uid {st.st_uid}, not you (uid {os.getuid()}); someone created it first. "
-            f"Set SHAREDFS_CACHE_ROOT to a directory of your own, or ask its owner to remove it."
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeDirectoryError(
-            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run `chmod 700 {path}` or remove it"
-        )

@@ -47,10 +47,58 @@ def test_node_local_dir_refuses_a_symlink(root: Path, tmp_path_factory) -> None:
 
 def test_node_local_dir_refuses_a_world_writable_root_without_sticky_bit(root: Path) -> None:
     root.chmod(0o777)
-    with pytest.raises(sharedfs.UnsafeDirectoryError, match="without the sticky bit.*chmod \\+t"):
+    with pytest.raises(sharedfs.UnsafeDirectoryError) as info:
+        node_local_dir("hf_datasets")
+    assert str(info.value).startswith(
+        f"SHAREDFS_CACHE_ROOT={root}: the node-local root is writable by every user without the sticky bit (mode 777)")
+    assert f"`chmod +t {root}`" in str(info.value)
+    root.chmod(0o775)
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="writable by every member of group 0 without the sticky"):
         node_local_dir("hf_datasets")
     root.chmod(0o1777)
     assert node_local_dir("hf_datasets").is_dir()
+
+
+def test_a_missing_cache_root_names_the_variable_and_the_fix(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDFS_CACHE_ROOT", str(root / "missing"))
+    with pytest.raises(sharedfs.UnsafeDirectoryError) as info:
+        node_local_dir("hf_datasets")
+    assert str(info.value) == (f"SHAREDFS_CACHE_ROOT={root}/missing: the node-local root does not exist on this node; "
+                               "create it on every node or point SHAREDFS_CACHE_ROOT at a local directory of your own "
+                               "(or $SLURM_TMPDIR, /tmp)")
+
+
+def test_a_file_as_cache_root_is_an_unsafe_directory_error(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (root / "file").write_text("x")
+    monkeypatch.setenv("SHAREDFS_CACHE_ROOT", str(root / "file"))
+    with pytest.raises(sharedfs.UnsafeDirectoryError,
+                       match=f"^SHAREDFS_CACHE_ROOT={root}/file: the node-local root is not a directory "
+                             r"\(a regular file\); point SHAREDFS_CACHE_ROOT at"):
+        node_local_dir("hf_datasets")
+
+
+def test_a_cache_root_of_another_user_is_refused(root: Path) -> None:
+    os.chown(root, 65534, 65534)
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="owned by uid 65534 \\(neither you nor root\\)"):
+        node_local_dir("hf_datasets")
+
+
+def test_the_error_names_where_the_root_came_from(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHAREDFS_CACHE_ROOT")
+    monkeypatch.setenv("TMPDIR", str(root / "gone"))
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match=f"^TMPDIR={root}/gone: the node-local root does not"):
+        node_local_dir("hf_datasets")
+
+
+def test_the_cache_plugin_raises_the_same_error(root: Path, fresh_runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a framework import meets under cache=node-local (it used to be a bare NotADirectoryError)."""
+    from sharedfs._policy import CacheRequest
+
+    (root / "file").write_text("x")
+    monkeypatch.setenv("SHAREDFS_CACHE_ROOT", str(root / "file"))
+    request = CacheRequest("wids", "WIDS_CACHE", None, "/tmp/_wids_cache")
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="SHAREDFS_CACHE_ROOT="):
+        fresh_runtime.registry().cache_placement(request, fresh_runtime.policy(cache="node-local"))
 
 
 def test_makedirs_is_idempotent_and_refuses_a_file(tmp_path: Path, fresh_runtime) -> None:
@@ -75,10 +123,14 @@ def test_wait_for_returns_when_the_path_appears_and_times_out_with_context(tmp_p
 
 
 def test_auto_cache_moves_only_predictable_shared_tmp_defaults(root: Path, fresh_runtime) -> None:
+    from sharedfs._policy import CacheRequest
+
     registry, policy = fresh_runtime.registry(), fresh_runtime.policy()
     assert policy.cache == "auto"
-    placed = registry.cache_placement("wids", policy)  # wids' default /tmp/_wids_cache is everyone's
+    wids = CacheRequest("wids", "WIDS_CACHE", None, "/tmp/_wids_cache")  # everyone's /tmp
+    placed = registry.cache_placement(wids, policy).path
     assert placed == str(root / f"sharedfs-{os.getuid()}" / "job-1234" / "wids")
     assert stat.S_IMODE(os.stat(placed).st_mode) == 0o700
-    assert registry.cache_placement("datasets", policy) is None  # ~/.cache is already the user's
-    assert registry.cache_placement("wids", fresh_runtime.policy(cache="shared")) is None
+    datasets = CacheRequest("datasets", "HF_DATASETS_CACHE", None, "~/.cache/huggingface/datasets")
+    assert registry.cache_placement(datasets, policy).path is None  # ~/.cache is already the user's
+    assert registry.cache_placement(wids, fresh_runtime.policy(cache="shared")).path is None

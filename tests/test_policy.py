@@ -31,7 +31,19 @@ def test_layers_apply_by_priority_and_remember_their_origin() -> None:
         ("cache", "local", "SHAREDFS_CACHE='local' is not valid: expected one of auto, shared, node-local"),
         ("wait_timeout", "-3", "SHAREDFS_WAIT_TIMEOUT='-3' is not valid: expected a positive number of seconds"),
         ("wait_timeout", "nan", "SHAREDFS_WAIT_TIMEOUT='nan' is not valid"),
-        ("max_workers", "0", "SHAREDFS_MAX_WORKERS='0' is not valid: expected auto, off or a whole number >= 1"),
+        ("max_workers", "0", "SHAREDFS_MAX_WORKERS='0' is not valid: expected auto, off or a whole number from 1 to 4096"),
+        ("max_workers", "5000", "SHAREDFS_MAX_WORKERS='5000' is not valid: expected auto, off or a whole number from 1"),
+        ("max_workers", "9" * 5000, "SHAREDFS_MAX_WORKERS='99999"),
+        ("wait_timeout", "2592001", ("SHAREDFS_WAIT_TIMEOUT='2592001' is not valid: expected a positive number of "
+                                     "seconds, at most 2592000 (30 days)")),
+        ("wait_timeout", "inf", "SHAREDFS_WAIT_TIMEOUT='inf' is not valid"),
+        ("lease_seconds", "1e300", ("SHAREDFS_LEASE_SECONDS='1e300' is not valid: expected a number of seconds "
+                                    "from 1 to 86400 (one day)")),
+        ("lease_seconds", "0.5", "SHAREDFS_LEASE_SECONDS='0.5' is not valid"),
+        ("node_id", "n" * 300, "SHAREDFS_NODE_ID='nnnn"),
+        ("node_id", "n" * 65, "SHAREDFS_NODE_ID='nnnn"),
+        ("node_id", "..", "SHAREDFS_NODE_ID='..' is not valid: expected a name of 1 to 64 characters from A-Z a-z"),
+        ("node_id", "gpu[01]", "SHAREDFS_NODE_ID='gpu[01]' is not valid"),
         ("cache_root", "relative/dir", "SHAREDFS_CACHE_ROOT='relative/dir' is not valid: expected an absolute"),
         ("node_id", "a b", "SHAREDFS_NODE_ID='a b' is not valid"),
         ("strict", "maybe", "SHAREDFS_STRICT='maybe' is not valid"),
@@ -45,6 +57,27 @@ def test_bad_values_name_the_variable_the_value_and_what_is_allowed(key: str, ra
         resolve([layer])
     assert str(info.value).startswith(message)
     assert info.value.origin == BY_NAME[key].env
+
+
+def test_bounds_are_inclusive_where_they_say_so() -> None:
+    layer = Layer("environment", 200, {"lease_seconds": "1", "wait_timeout": "2592000", "max_workers": "4096",
+                                       "node_id": "n" * 64})
+    policy = resolve([layer])
+    assert (policy.lease_seconds, policy.wait_timeout, policy.max_workers) == (1.0, 2592000.0, 4096)
+    assert resolve([Layer("e", 200, {"lease_seconds": 86400})]).lease_seconds == 86400.0
+
+
+def test_a_toml_integer_too_large_for_a_float_is_a_config_error() -> None:
+    # TOML integers are unbounded in tomllib: float(10**400) raises OverflowError, not ValueError.
+    layer = Layer("file", 100, {"wait_timeout": 10**400}, {"wait_timeout": "f.toml: wait_timeout"})
+    with pytest.raises(ConfigError, match="f.toml: wait_timeout=1000"):
+        resolve([layer])
+
+
+def test_the_host_name_becomes_a_valid_node_id() -> None:
+    from sharedfs.settings import BY_NAME, default_node_id
+
+    assert BY_NAME["node_id"].parse(default_node_id()) == default_node_id()
 
 
 def test_values_are_normalised() -> None:
@@ -66,7 +99,7 @@ def test_policy_is_immutable_and_json_ready() -> None:
 def test_slurm_node_name_is_the_node_id_unless_sharedfs_node_id_is_set(fresh_runtime, monkeypatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
     assert fresh_runtime.policy().node_id == "n7"
-    fresh_runtime._state = None
+    fresh_runtime.runtime._state = None
     monkeypatch.setenv("SHAREDFS_NODE_ID", "explicit")
     policy = fresh_runtime.policy()
     assert (policy.node_id, policy.source("node_id")) == ("explicit", "SHAREDFS_NODE_ID")

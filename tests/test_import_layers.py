@@ -1,0 +1,117 @@
+"""The directory modules are layered: nodelocal <- cleanup <- dirs, with no cycle even through function-level imports.
+
+Function-level imports hide a cycle from the interpreter (both modules load) but not
+from a reader or a refactoring: ``dirs`` imported ``cleanup`` inside
+``node_local_dir`` and ``cleanup`` imported ``dirs`` inside ``job_scope``.  This
+reads every import statement of the kernel's modules, wherever it is, and checks
+the graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import sharedfs
+
+KERNEL = Path(sharedfs.__file__).parent
+LAYERED = ("sharedfs.nodelocal", "sharedfs.cleanup", "sharedfs.dirs")
+#: What the layered modules must never reach: the command line, the shims and plugins above the kernel.
+ABOVE = ("sharedfs.cli", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(KERNEL.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> dict[str, list[tuple[str, int, bool]]]:
+    """``{imported sharedfs module: [(how, line, at module level)]}`` for every import statement in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    top_level = {id(node) for node in tree.body}
+    found: dict[str, list[tuple[str, int, bool]]] = {}
+
+    def add(name: str, node: ast.stmt) -> None:
+        if name == "sharedfs" or name.startswith("sharedfs."):
+            found.setdefault(name, []).append((ast.unparse(node), node.lineno, id(node) in top_level))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if node.module is None or module == "sharedfs":
+                for alias in node.names:  # from . import runtime -> sharedfs.runtime
+                    add(f"{module}.{alias.name}", node)
+            else:
+                add(module, node)
+    return found
+
+
+def kernel_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in KERNEL.rglob("*.py"):
+        if "testing" in path.parts:
+            continue
+        graph[_module_name(path)] = set(imports_of(path))
+    return graph
+
+
+def cycles_through(graph: dict[str, set[str]], start: str) -> list[list[str]]:
+    """Every simple import path from ``start`` back to ``start``."""
+    found: list[list[str]] = []
+
+    def walk(node: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == start:
+                found.append([*trail, nxt])
+            elif nxt not in trail and nxt in graph:
+                walk(nxt, [*trail, nxt])
+
+    walk(start, [start])
+    return found
+
+
+def test_no_import_cycle_through_the_directory_modules() -> None:
+    graph = kernel_graph()
+    for module in LAYERED:
+        if module in graph:
+            assert cycles_through(graph, module) == [], f"{module} is part of an import cycle"
+
+
+def test_layers_point_one_way() -> None:
+    graph = kernel_graph()
+    assert "sharedfs.dirs" not in graph["sharedfs.cleanup"] and "sharedfs.dirs" not in graph["sharedfs.nodelocal"]
+    assert "sharedfs.cleanup" not in graph["sharedfs.nodelocal"]
+    assert {"sharedfs.nodelocal", "sharedfs.cleanup"} <= graph["sharedfs.dirs"]
+    assert "sharedfs.nodelocal" in graph["sharedfs.cleanup"]
+
+
+def test_nothing_above_the_kernel_is_reachable() -> None:
+    graph = kernel_graph()
+    for module in LAYERED:
+        reached, todo = set(), [module]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in reached:
+                    reached.add(nxt)
+                    todo.append(nxt)
+        assert not [m for m in reached if m.startswith(ABOVE)], f"{module} reaches {sorted(reached)}"
+
+
+def test_no_function_level_import_of_sharedfs_in_the_layered_modules() -> None:
+    for module in LAYERED:
+        path = KERNEL / f"{module.rpartition('.')[2]}.py"
+        late = [(name, how, line) for name, uses in imports_of(path).items() for how, line, top in uses if not top]
+        assert late == [], f"{os.path.relpath(path)}: imports inside functions hide the layering: {late}"

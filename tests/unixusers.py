@@ -1,0 +1,96 @@
+"""Real, throwaway Unix users for tests whose subject is permissions (created with useradd, removed after)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sharedfs.testing.pytest_plugin import skip_or_fail
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+
+    def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
+        """A real process of this user: its uid, its own group, no supplementary groups."""
+        return subprocess.Popen(list(argv), user=self.uid, group=self.gid, extra_groups=[], text=True,
+                                **kwargs)  # type: ignore[call-overload]
+
+    def run(self, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), check=False, user=self.uid, group=self.gid, extra_groups=[], text=True,
+                              capture_output=True, **kwargs)  # type: ignore[call-overload]
+
+    def python(self, code: str, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        """Run ``code`` as this user in an isolated interpreter (-I -S: no site, no autoload, stdlib only)."""
+        return self.run([user_python(), "-I", "-S", "-c", code, *args], **kwargs)
+
+
+def _world_executable(path: str) -> bool:
+    """Whether any user may run ``path``: the file and every directory above it are executable by others."""
+    real = os.path.realpath(path)
+    if not os.stat(real).st_mode & 0o001:
+        return False
+    head = os.path.dirname(real)
+    while head != "/":
+        if not os.stat(head).st_mode & 0o001:
+            return False
+        head = os.path.dirname(head)
+    return True
+
+
+def user_python() -> str:
+    """An interpreter other users can execute (this one may live under root's 0700 home, e.g. pyenv)."""
+    for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or ""):
+        if candidate and _world_executable(candidate):
+            return candidate
+    skip_or_fail("no Python interpreter that other users may execute (apt-get install python3)")
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        skip_or_fail("creating throwaway users needs root (CI runs as root)", module_level=False)
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        skip_or_fail("useradd/userdel not found (apt-get install passwd)", module_level=False)
+
+
+@contextmanager
+def throwaway_users(count: int) -> Iterator[list[User]]:
+    """``count`` new users, each with a group of its own and no home; deleted (with their groups) afterwards."""
+    _require_root()
+    made: list[User] = []
+    try:
+        for _ in range(count):
+            name = f"sfs{uuid.uuid4().hex[:10]}"
+            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+            import pwd
+
+            entry = pwd.getpwnam(name)
+            made.append(User(name, entry.pw_uid, entry.pw_gid))
+        yield made
+    finally:
+        for user in made:
+            subprocess.run(["userdel", user.name], check=False, capture_output=True)
+            subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
+
+
+def owned_by(uid: int, top: str) -> list[str]:
+    """Every entry under ``top`` (``top`` included) owned by ``uid``; symlinks are listed, never followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            if os.lstat(path).st_uid == uid:
+                found.append(path)
+    if os.path.lexists(top) and os.lstat(top).st_uid == uid:
+        found.append(top)
+    return sorted(found)
