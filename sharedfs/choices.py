@@ -6,7 +6,7 @@ kernel asks them and caches the answer, so no caller re-derives a rule:
 * :func:`filesystem` -- the ``sharedfs_classify_filesystem`` answer for the mount
   under a path, once per mount, with what locks were *seen* to do there at run time;
 * :func:`lock_choice` -- the ``sharedfs_choose_lock`` answer for a lock file, once
-  per (directory, lock setting), logged once per mount and kind;
+  per (directory, lock setting);
 * :func:`cache_placement` -- the ``sharedfs_cache_placement`` answer for a shim.
 
 A native lock that the filesystem refuses at run time (ENOSYS, ENOLCK: a
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from . import runtime
 from ._policy import CachePlacement, CacheRequest, LockChoice, Policy
 from .fsinfo import FsInfo, clear_mount_cache, mount_for
-from .log import decision
 
 if TYPE_CHECKING:  # pragma: no cover
     from .shim import Shim
@@ -63,7 +62,6 @@ def lock_choice(lock_file: str, policy: Policy) -> LockChoice:
     if choice is None:
         fs = filesystem(directory)
         choice = runtime.registry().choose_lock(lock_file, fs, policy)
-        decision(f"locks under {fs.mount.mount_point} -> {choice.kind}: {choice.reason}")
         with _lock:
             _by_directory[key] = choice
     return choice

@@ -151,8 +151,8 @@ class HolderRecord:
         age = max(0.0, (now or time.time()) - self.acquired_at)
         job = ""
         if self.slurm_job:
-            job = f", Slurm job {self.slurm_job}" + (f" step {self.slurm_step}" if self.slurm_step else "")
-        return f"pid {self.pid} on node {self.node}{job}, for {age:.0f} s"
+            job = f", Slurm job {self.slurm_job}" + (f".{self.slurm_step}" if self.slurm_step else "")
+        return f"pid {self.pid} on node {self.node}{job}, held for {age:.0f} s"
 
 
 def _clean(value: str | None) -> str | None:

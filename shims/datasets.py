@@ -82,7 +82,7 @@ class DatasetsShim(Shim):
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         original = sys.modules["datasets.utils._filelock"].FileLock
         # datasets' own class (name hashing, umask-based mode) with sharedfs's kinds behind it.
-        replacement = drop_in(original, policy)
+        replacement = drop_in(original, policy, __name__)
         for site in LOCK_SITES:
             site_module = sys.modules.get(site)
             if site_module is not None and getattr(site_module, "FileLock", None) is original:

@@ -52,13 +52,13 @@ class HuggingFaceHubShim(Shim):
     supported = ">=0.22,<3"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        self.patcher.setattr(module, "FileLock", drop_in(module.FileLock, policy))
+        self.patcher.setattr(module, "FileLock", drop_in(module.FileLock, policy, __name__))
         try:
             blobs = import_module(SHARED_BLOBS)  # stdlib + filelock only: ~1 ms
         except ImportError:
             return  # hub < 2: no shared blob store
         if hasattr(blobs, "FileLock"):
-            self.patcher.setattr(blobs, "FileLock", drop_in(blobs.FileLock, policy))
+            self.patcher.setattr(blobs, "FileLock", drop_in(blobs.FileLock, policy, __name__))
 
 
 @hookimpl

@@ -84,18 +84,26 @@ def datasets_venv(tmp_path_factory: pytest.TempPathFactory, sharedfs_wheel: Path
 
 @pytest.fixture
 def fresh_runtime(monkeypatch: pytest.MonkeyPatch):
-    """The in-process runtime with a clean environment and state, restored afterwards."""
-    from sharedfs import runtime
+    """The in-process sharedfs state with a clean environment, restored afterwards.
+
+    Yields a namespace with the runtime's functions (``policy``, ``registry``, ``identity``)
+    and ``configure``, so tests read as the public API does.
+    """
+    import types
+
+    from sharedfs import activation, choices, runtime
 
     for key in list(os.environ):
         if key.startswith(("SHAREDFS_", "SLURM")):
             monkeypatch.delenv(key)
-    saved = runtime._state
-    runtime._state = None
-    runtime._fs_cache.clear()
-    yield runtime
-    runtime._state = saved
-    runtime._fs_cache.clear()
+    saved = runtime._state, activation._states
+    runtime._state, activation._states = None, None
+    choices.forget()
+    api = types.SimpleNamespace(policy=runtime.policy, registry=runtime.registry, identity=runtime.identity,
+                                configure=activation.configure, runtime=runtime)
+    yield api
+    runtime._state, activation._states = saved
+    choices.forget()
 
 
 def require(module: str, reason: str) -> None:

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from sharedfs.plugins import filesystem
+from sharedfs.plugins import filesystem, locking
+from sharedfs._policy import resolve
+
+
+def _safe(info: FsInfo) -> str | None:
+    """The native lock the one lock decision (plugins/locking.py) picks under lock=auto, or None (existence lock)."""
+    kind = locking.decide(info, resolve([])).kind
+    return kind if kind in locking.NATIVE else None
 
 from sharedfs import hookspecs
 from sharedfs.fsinfo import (
@@ -163,7 +170,7 @@ def test_classify(mount_point: str) -> None:
         posix,
         o_excl,
     )
-    assert info.safe_lock() == safe
+    assert _safe(info) == safe
     assert info.notes and all(note.endswith(".") for note in info.notes)
     json.dumps(info.as_dict())
 
@@ -186,7 +193,7 @@ def test_nfs3_with_locking_warns_about_enolck() -> None:
 def test_unknown_filesystem_is_shared_without_a_trusted_lock() -> None:
     info = filesystem.classify(Mount("/mnt/weird", "weirdfs", "server:/vol"))
     assert info.kind == "unknown" and info.shared
-    assert info.safe_lock() is None and not info.o_excl_atomic
+    assert _safe(info) is None and not info.o_excl_atomic
 
 
 @pytest.mark.parametrize(
@@ -219,9 +226,9 @@ def test_fsinfo_rejects_a_misspelt_state() -> None:
 def test_safe_lock_on_a_node_local_filesystem_accepts_a_node_wide_lock() -> None:
     mount = Mount("/", "ext4")
     info = FsInfo(mount=mount, kind="local", shared=False, flock="node-local", posix="absent", o_excl_atomic=True)
-    assert info.safe_lock() == "flock"
+    assert _safe(info) == "flock"
     info = FsInfo(mount=mount, kind="local", shared=False, flock="absent", posix="node-local", o_excl_atomic=True)
-    assert info.safe_lock() == "posix"
+    assert _safe(info) == "posix"
 
 
 def test_hook_answers_through_pluggy() -> None:
@@ -229,7 +236,7 @@ def test_hook_answers_through_pluggy() -> None:
     pm.add_hookspecs(hookspecs)
     pm.register(filesystem)
     info = pm.hook.sharedfs_classify_filesystem(mount=_by_mount_point()["/gpfs/fs1"])
-    assert isinstance(info, FsInfo) and info.safe_lock() == "posix"
+    assert isinstance(info, FsInfo) and _safe(info) == "posix"
 
 
 # -- statfs_magic and mount_for on this machine ------------------------------------------------

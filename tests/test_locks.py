@@ -16,10 +16,6 @@ import sharedfs
 from conftest import clean_env
 from locktools import run_workers
 
-#: filelock >= 3.30 (SoftFileLease) needs Python >= 3.10; Python 3.9 gets no lease kind.
-needs_lease = pytest.mark.skipif(not hasattr(filelock, "SoftFileLease"),
-                                 reason="lease locks need filelock >= 3.30, which needs Python >= 3.10")
-
 HOLD = """
 import sys, time, sharedfs
 lock = sharedfs.lock(sys.argv[1], kind=sys.argv[2])
@@ -29,7 +25,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("kind", ["flock", "posix", "soft", pytest.param("lease", marks=needs_lease)])
+@pytest.mark.parametrize("kind", ["flock", "posix", "soft", "lease"])
 def test_every_kind_excludes_across_processes(tmp_path: Path, kind: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -40,9 +36,10 @@ def test_every_kind_excludes_across_processes(tmp_path: Path, kind: str) -> None
 def test_lock_is_reentrant_and_reports_its_kind(tmp_path: Path, fresh_runtime) -> None:
     lock = sharedfs.lock(tmp_path / "a.lock", kind="soft")
     with lock, lock:
-        assert lock.is_locked and (tmp_path / "a.lock.holder").exists() and (tmp_path / "a.lock.soft").exists()
-    assert not lock.is_locked and not (tmp_path / "a.lock.soft").exists()
-    assert not (tmp_path / "a.lock.holder").exists()
+        # One file: the marker holds the holder's record (no separate record file to plant a symlink at).
+        assert lock.is_locked and f'"pid":{os.getpid()}' in (tmp_path / "a.lock.held").read_text()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lock.held"]
+    assert not lock.is_locked and not (tmp_path / "a.lock.held").exists()
 
 
 def test_posix_lock_excludes_threads_of_one_process(tmp_path: Path, fresh_runtime) -> None:
@@ -68,7 +65,7 @@ def test_soft_lock_of_a_killed_holder_on_this_node_is_recovered_at_once(tmp_path
     holder = _hold(tmp_path / "s.lock", "soft", "nodeA")
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert (tmp_path / "s.lock.soft").exists()  # the marker outlived its holder
+    assert (tmp_path / "s.lock.held").exists()  # the marker outlived its holder
     started = time.monotonic()
     with sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=10):
         waited = time.monotonic() - started
@@ -85,14 +82,13 @@ def test_waiting_for_a_live_holder_on_another_node_names_it_and_how_to_clear(tmp
             sharedfs.lock(tmp_path / "s.lock", kind="soft", timeout=0.3).acquire()
         message = str(info.value)
         assert f"pid {holder.pid} on node nodeA, Slurm job 777.0" in message
-        assert f"rm -f {tmp_path}/s.lock.soft {tmp_path}/s.lock.holder" in message
+        assert f"rm -f {tmp_path}/s.lock.held" in message
         assert "within 0.3 s" in message and "SHAREDFS_WAIT_TIMEOUT" in message
     finally:
         holder.kill()
         holder.wait()
 
 
-@needs_lease
 def test_a_stuck_lease_holder_on_another_node_is_taken_over_after_the_lease(tmp_path: Path, fresh_runtime,
                                                                             monkeypatch) -> None:
     monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeB")
@@ -118,7 +114,7 @@ def test_auto_chooses_flock_on_local_disk(tmp_path: Path, fresh_runtime) -> None
 def test_an_existence_lock_is_not_blocked_by_a_leftover_native_lock_file(tmp_path: Path, fresh_runtime) -> None:
     (tmp_path / "d.lock").write_text("")  # left by filelock.FileLock, which never deletes its file
     with sharedfs.lock(tmp_path / "d.lock", kind="soft", timeout=1) as lock:
-        assert lock.marker == f"{tmp_path}/d.lock.soft"
+        assert lock.marker == f"{tmp_path}/d.lock.held"
 
 
 FALLBACK = """
@@ -141,9 +137,3 @@ def test_a_native_lock_refused_at_run_time_falls_back_for_the_whole_mount(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["soft", "soft"]
     assert f"flock failed with {errno_name} at {tmp_path}/a.lock; sharedfs switched this filesystem" in proc.stderr
-
-
-@pytest.mark.skipif(hasattr(filelock, "SoftFileLease"), reason="only where filelock < 3.30 (Python 3.9)")
-def test_lease_without_filelock_support_is_a_clear_error(tmp_path: Path, fresh_runtime) -> None:
-    with pytest.raises(sharedfs.ConfigError, match="lease locks need filelock >= 3.30"):
-        sharedfs.lock(tmp_path / "l.lock", kind="lease")

@@ -38,7 +38,7 @@ class FakeFrameworkShim(Shim):
     supported = ">=1"
     calls = 0
 
-    def apply(self, module, policy):
+    def apply(self, module, policy, context):
         type(self).calls += 1
         self.patcher.setattr(module, "value", policy.lock)
         if policy.lock == "lease":
@@ -74,3 +74,42 @@ def test_a_failing_apply_leaves_nothing_behind(module) -> None:
     with pytest.raises(RuntimeError):
         shim.patch(lease)
     assert module.value == "original" and not shim.applied
+
+
+def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> None:
+    # The bootstrap spells its table (and the DISABLE variable) itself so that start-up imports
+    # nothing from the package; these are the copies that must agree.
+    from importlib import import_module
+
+    from sharedfs import _bootstrap, envvars
+    from sharedfs.registry import BUILTIN_SHIMS
+
+    declared = {}
+    for module in BUILTIN_SHIMS:
+        for shim in import_module(f"sharedfs.shims.{module}").sharedfs_register_shims():
+            declared[shim.name] = shim.target
+    assert declared == _bootstrap.TARGETS
+    assert (_bootstrap.DISABLE, _bootstrap.TRUE_VALUES) == (envvars.DISABLE, envvars.TRUE_VALUES)
+
+
+def test_plugins_and_shims_load_once_under_one_name() -> None:
+    # In a checkout the folders are also importable as top-level packages; a second copy of a
+    # plugin module would keep caches of its own (a second liveness cache, a second registry).
+    import subprocess
+
+    from conftest import clean_env
+
+    code = ("import importlib, sys\n"
+            "import sharedfs.plugins.slurm\n"
+            "for name in ('plugins.slurm', 'shims.datasets'):\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except ImportError as exc:\n"
+            "        print('refused', name, exc)\n"
+            "    else:\n"
+            "        print('loaded twice', name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
+                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("refused") == 2 and "loaded twice" not in out.stdout, out.stdout
+    assert "import sharedfs.plugins, not plugins" in out.stdout

@@ -39,6 +39,7 @@ import filelock
 from .. import choices, runtime
 from .._policy import LockChoice, Policy
 from ..errors import ConfigError, LockTimeout
+from ..log import decision
 from ..settings import LOCK_KINDS
 from . import _marker
 from ._kinds import DEFAULT_MODE, KINDS, Hold, NativeLockRefused, Target
@@ -57,8 +58,10 @@ REPORT_EVERY = 120.0
 class _State:
     """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
 
-    def __init__(self, lock_file: str, mode: int, policy: Policy) -> None:
+    def __init__(self, lock_file: str, mode: int, policy: Policy, owner: str) -> None:
         choice = choices.lock_choice(lock_file, policy)
+        # The reason names the mount: one line per framework, mount and kind, not per lock.
+        decision(f"{owner} locks -> {choice.kind}: {choice.reason}")
         self.guard = threading.Lock()
         self.target = Target(lock_file, mode, policy, choice)
         self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
@@ -71,8 +74,8 @@ class _State:
         choices.native_lock_refused(self.target.lock_file, refused.kind, name)
         with self.guard:
             choice = choices.lock_choice(self.target.lock_file, self.target.policy)
-            if choice.kind in ("flock", "posix") and choice.kind == refused.kind:
-                raise refused  # the plugins insist on the refused kind: fail, do not loop
+            if choice.kind == refused.kind:
+                raise refused  # a plugin insists on the refused kind: fail, do not loop
             self.target = replace(self.target, choice=choice)
             self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
 
@@ -82,6 +85,8 @@ class SharedFSLockMixin:
 
     #: The policy the lock follows (a drop-in class carries its shim's); ``None``: the process's policy.
     _sharedfs_policy: Policy | None = None
+    #: Who made the lock, for the log line that says which kind it got ("datasets locks -> soft: ...").
+    _sharedfs_owner = "sharedfs"
 
     # -- what sharedfs adds, resolved on first use (constructing a lock costs nothing extra) ----
 
@@ -91,7 +96,8 @@ class SharedFSLockMixin:
             lock_file = os.path.abspath(self.lock_file)  # type: ignore[attr-defined]
             mode = getattr(self._context, "mode", -1)  # type: ignore[attr-defined]
             policy = self._sharedfs_policy or runtime.policy()
-            state = _State(lock_file, DEFAULT_MODE if mode is None or mode < 0 else mode, policy)
+            state = _State(lock_file, DEFAULT_MODE if mode is None or mode < 0 else mode, policy,
+                           self._sharedfs_owner)
             state = self.__dict__.setdefault("_sharedfs_state", state)
             _live.add(self)
         return state
@@ -118,13 +124,12 @@ class SharedFSLockMixin:
         now = time.monotonic()
         if now < getattr(wait, "next_attempt", 0.0):
             return  # backing off: filelock polls often, the shared filesystem is asked less
-        kind = state.kind
-        try:
-            hold = kind.try_acquire()
-        except NativeLockRefused as refused:
-            state.fall_back(refused)
-            kind = state.kind
-            hold = kind.try_acquire()
+        while True:  # each refusal removes one native kind from the choice: at most flock, posix, then soft
+            try:
+                hold = state.kind.try_acquire()
+                break
+            except NativeLockRefused as refused:
+                state.fall_back(refused)
         if hold is None:
             self._sharedfs_missed(state, now)
             return
@@ -284,21 +289,24 @@ def lock(path: str | os.PathLike[str], timeout: float | None = None, *, kind: st
 _drop_ins: weakref.WeakKeyDictionary[type, dict[Policy, type]] = weakref.WeakKeyDictionary()
 
 
-def drop_in(original: type, policy: Policy) -> type:
+def drop_in(original: type, policy: Policy, owner: str = __name__) -> type:
     """``original`` (a ``filelock.BaseFileLock`` subclass of a framework) with sharedfs's kinds under ``policy``.
 
     The framework's own constructor, class attributes and helpers are kept (datasets'
-    name hashing and umask-based mode, say); only the locking itself changes.
+    name hashing and umask-based mode, say); only the locking itself changes.  ``owner``
+    (the shim's module) becomes the class's ``__module__``, so ``sharedfs status``, a
+    traceback or a debugger shows who replaced the class.
     """
     per_policy = _drop_ins.setdefault(original, {})
     made = per_policy.get(policy)
     if made is None:
         made = type(original.__name__, (SharedFSLockMixin, original), {
-            "__module__": __name__,
+            "__module__": owner,
             "__qualname__": original.__qualname__,
             "__doc__": f"sharedfs drop-in for {original.__module__}.{original.__qualname__}: "
                        "the lock kind is chosen for each file's filesystem.",
             "_sharedfs_policy": policy,
+            "_sharedfs_owner": owner.rpartition(".")[2],
         })
         per_policy[policy] = made
     return made

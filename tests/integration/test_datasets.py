@@ -215,7 +215,7 @@ def test_preparer_killed_mid_preparation_next_run_completes(tmp_path: Path, host
     """SIGKILL (OOM killer, Slurm preemption) while holding the builder lock on a soft-lock filesystem.
 
     Without sharedfs there is nothing to compare on this filesystem: datasets cannot take
-    a lock at all there (seed 000 above).  filelock >= 3.24 breaks a dead holder's soft lock
+    a lock at all there (datasets#6395 above).  filelock >= 3.24 breaks a dead holder's soft lock
     by itself on the same host, older releases never do (test_huggingface_hub shows that
     hang); sharedfs's holder record makes it work on the same *node*.  A holder on another
     node is waited for and named, never guessed dead (the primitives' rules; the Slurm plugin
@@ -232,12 +232,12 @@ def test_preparer_killed_mid_preparation_next_run_completes(tmp_path: Path, host
             assert victim.poll() is None, victim.stderr.read() if victim.stderr else ""
             assert time.monotonic() < deadline, "preparation never started"
             time.sleep(0.02)
-        holders = list(cache.rglob("*_builder.lock.holder"))
+        holders = list(cache.rglob("*_builder.lock.held"))  # the marker holds the holder's record
         assert holders and json.loads(holders[0].read_text())["pid"] == victim.pid
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-    assert list(cache.rglob("*_builder.lock.soft"))  # the killed holder's marker is still there
+    assert list(cache.rglob("*_builder.lock.held"))  # the killed holder's marker is still there
 
     after = subprocess.run(argv, env=clean_env({**OFFLINE, "SHAREDFS_NODE_ID": "a", "SHAREDFS_LOG": "info"}),
                            capture_output=True, text=True, timeout=120, cwd="/")
@@ -466,8 +466,8 @@ def test_old_stack_gets_both_shims(old_stack_venv: Venv) -> None:
     """datasets 3.6 / huggingface_hub 0.36: both shims apply (status reads installed metadata)."""
     shims = {s["name"]: s for s in old_stack_venv.status()["shims"]}
     code = textwrap.dedent("""
-        import json, datasets, datasets.builder as b, huggingface_hub.file_download as fd, sharedfs.runtime as r
-        print(json.dumps({k: [v.installed_version, v.supported, v.error] for k, v in r.shim_states().items()}))
+        import json, datasets, datasets.builder as b, huggingface_hub.file_download as fd, sharedfs.activation as a
+        print(json.dumps({k: [v.installed_version, v.supported, v.error] for k, v in a.shim_states().items()}))
     """)
     states = json.loads(old_stack_venv.run(code).stdout)
     assert states["datasets"] == ["3.6.0", True, None]

@@ -200,7 +200,7 @@ def test_lustre_noflock_downloads_never_hang_on_leftover_or_killed_holders_lock(
     assert json.loads(first.stdout)["sha256"] == sha("config.json")
 
     victim = _kill_mid_download(venv.python, hub, env)
-    assert json.loads(next((after / ".locks").rglob("*.lock.holder")).read_text())["pid"] == victim
+    assert json.loads(next((after / ".locks").rglob("*.lock.held")).read_text())["pid"] == victim
     started = time.monotonic()
     done = download(venv.python, "weights.bin", env, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -209,10 +209,13 @@ def test_lustre_noflock_downloads_never_hang_on_leftover_or_killed_holders_lock(
     assert time.monotonic() - started < 30
 
 
-def test_disable_leaves_the_hub_untouched_and_the_shim_patches_every_binding(tmp_path: Path) -> None:
-    code = ("import json, huggingface_hub.file_download as fd, huggingface_hub.utils as u, "
+def test_disable_leaves_the_hub_untouched_and_the_shim_replaces_only_the_lock_class(tmp_path: Path) -> None:
+    # The hub's own WeakFileLock keeps running everywhere it is bound (its timeout loop, its
+    # "Still waiting" lines, its weak release); only the FileLock class it builds is sharedfs's.
+    code = ("import json, filelock, huggingface_hub.file_download as fd, huggingface_hub.utils as u, "
             "huggingface_hub.utils._fixes as f, huggingface_hub._local_folder as lf;"
-            "print(json.dumps([m.WeakFileLock.__module__ for m in (fd, u, f, lf)]))")
+            "print(json.dumps([m.WeakFileLock.__module__ for m in (fd, u, f, lf)] + "
+            "[f.FileLock.__module__, issubclass(f.FileLock, filelock.FileLock)]))")
 
     def bindings(**env: str) -> list[str]:
         proc = subprocess.run([sys.executable, "-c", code], env=clean_env({"HF_HOME": str(tmp_path), **env}),
@@ -220,6 +223,7 @@ def test_disable_leaves_the_hub_untouched_and_the_shim_patches_every_binding(tmp
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    assert bindings() == ["sharedfs.shims.huggingface_hub"] * 4
-    assert bindings(SHAREDFS_DISABLE="huggingface_hub") == ["huggingface_hub.utils._fixes"] * 4
-    assert bindings(SHAREDFS_DISABLE="1") == ["huggingface_hub.utils._fixes"] * 4
+    upstream = ["huggingface_hub.utils._fixes"] * 4
+    assert bindings() == upstream + ["sharedfs.shims.huggingface_hub", True]
+    assert bindings(SHAREDFS_DISABLE="huggingface_hub") == upstream + ["filelock._unix", True]
+    assert bindings(SHAREDFS_DISABLE="1") == upstream + ["filelock._unix", True]
