@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -107,6 +108,10 @@ import os, sys, time
 import sharedfs
 lock = sharedfs.lock(sys.argv[1])
 lock.acquire()
+if len(sys.argv) > 4:                # and a lock as filelock alone takes it (pid and host name in the marker)
+    import filelock
+    plain = filelock.SoftFileLock(sys.argv[4])   # kept: filelock releases a lock it garbage-collects
+    plain.acquire()
 open(sys.argv[2], "w").close()       # tell the test we hold it
 print("holding", os.getpid(), flush=True)
 while not os.path.exists(sys.argv[3]):
@@ -125,9 +130,8 @@ out = {"host": os.uname().nodename}
 try:
     if how == "filelock":
         import filelock
-        from sharedfs.locks import marker_path
-        # The very existence lock sharedfs uses, without sharedfs's scheduler check.
-        filelock.SoftFileLock(marker_path(path, "soft"), timeout=timeout).acquire()
+        # An existence lock without sharedfs: filelock breaks it only for a dead pid on its own host.
+        filelock.SoftFileLock(path, timeout=timeout).acquire()
     else:
         import sharedfs
         sharedfs.lock(path, timeout=timeout).acquire()
@@ -142,13 +146,14 @@ def test_cancelled_jobs_lock_is_broken_and_running_jobs_lock_is_not(slurm_cluste
                                                                     tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    lock_path = shared / "dataset.lock"
+    lock_path, plain_path = shared / "dataset.lock", shared / "plain.lock"
     holder = write(tmp_path / "holder.py", HOLDER)
     waiter = write(tmp_path / "waiter.py", WAITER)
     env = job_env(slurm_cluster, tmp_path, SHAREDFS_LOCK="soft")  # an existence lock: it outlives its holder
 
     def waiter_job(how: str, timeout: float, **extra: str) -> str:
-        return slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {waiter} {lock_path} {how} {timeout}\n",
+        path = plain_path if how == "filelock" else lock_path
+        return slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {waiter} {path} {how} {timeout}\n",
                                     "-w", "n2", "-D", str(tmp_path), env={**env, **extra})
 
     def result(job: str) -> dict:
@@ -157,13 +162,13 @@ def test_cancelled_jobs_lock_is_broken_and_running_jobs_lock_is_not(slurm_cluste
         return out
 
     held, stop = tmp_path / "held", tmp_path / "stop"
-    job_a = slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {holder} {lock_path} {held} {stop}\n",
+    job_a = slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {holder} {lock_path} {held} {stop} {plain_path}\n",
                                  "-w", "n1", "-D", str(tmp_path), env=env)
     deadline = time.monotonic() + 90  # a loaded 2-core CI box can take a while to start Python
     while not held.exists():
         assert time.monotonic() < deadline, slurm_cluster.output(job_a)
         time.sleep(0.05)
-    record = json.loads((shared / "dataset.lock.holder").read_text())
+    record = json.loads((shared / "dataset.lock.held").read_text())
     assert (record["node"], record["host"], record["slurm_job"]) == ("n1", "n1", job_a)
 
     # A running holder on another node is never broken: Slurm says its job is active.
@@ -171,12 +176,12 @@ def test_cancelled_jobs_lock_is_broken_and_running_jobs_lock_is_not(slurm_cluste
     assert live["host"] == "n2" and live.get("error") == "LockTimeout", live
     assert f"Slurm job {job_a}" in live["message"] and f"Slurm reports job {job_a} as still active" in live["message"]
     assert slurm_cluster.job_state(job_a) == "RUNNING"
-    assert json.loads((shared / "dataset.lock.holder").read_text()) == record  # untouched
+    assert json.loads((shared / "dataset.lock.held").read_text()) == record  # untouched
 
     # The job is cancelled (preemption, time limit, scancel): its lock file stays behind.
     slurm_cluster.run("scancel", job_a)
     slurm_cluster.wait_finished(job_a, timeout=30)
-    assert Path(f"{lock_path}.soft").exists()  # the existence marker
+    assert Path(f"{lock_path}.held").exists()  # the existence marker
 
     # Without the scheduler check: filelock alone (another host name) waits until its timeout, and so
     # does sharedfs without its slurm plugin or without squeue/scontrol -- and says why.
@@ -205,6 +210,201 @@ def test_unknown_job_is_stale_only_when_its_node_belongs_to_this_cluster(slurm_c
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
     assert plugin.job_alive("987654", "n1") is False
     assert plugin.job_alive("987654", "gpu-cluster-node7") is None  # two clusters sharing one filesystem
+
+
+# -- 2b. per-step liveness, and one scheduler query per node ---------------------------------------
+
+STEP_WAITER = """
+import json, os, sys, time
+import sharedfs
+step_lock, batch_lock, waiting = sys.argv[1:4]
+out = {"host": os.uname().nodename, "step": os.environ.get("SLURM_STEP_ID")}
+# The batch script's own holder (no SLURM_STEP_ID there) lives as long as the job: never broken.
+try:
+    sharedfs.lock(batch_lock, timeout=4).acquire()
+    out["batch_lock"] = "acquired"
+except Exception as exc:
+    out["batch_lock"] = f"{type(exc).__name__}: {exc}"
+open(waiting, "w").close()
+try:
+    sharedfs.lock(step_lock, timeout=60).acquire()
+    out["acquired_at"] = time.time()
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out), flush=True)
+"""
+
+TWO_STEP_JOB = """#!/bin/sh
+# Step 0 on n1 takes a lock; the test kills that step while the job goes on.
+srun -N1 -n1 -w n1 {py} {holder} {step_lock} {step_held} {never} &
+while [ ! -e {step_held} ]; do sleep 0.05; done
+# The batch script holds a lock itself (Slurm sets no SLURM_STEP_ID here).
+{py} {holder} {batch_lock} {batch_held} {stop} &
+while [ ! -e {batch_held} ]; do sleep 0.05; done
+# Step 1 on n2 waits for both.
+srun -N1 -n1 -w n2 {py} {waiter} {step_lock} {batch_lock} {waiting}
+while [ ! -e {stop} ]; do sleep 0.1; done
+"""
+
+
+def test_a_killed_steps_lock_is_broken_while_its_job_runs_on(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-step job: step 0 holds a lock and is killed; step 1 on another node takes it within seconds.
+
+    Per-job liveness would have waited step 1 out until its timeout: the job is still running.
+    """
+    from sharedfs.plugins import slurm as plugin
+
+    from sharedfs._policy import resolve
+    from sharedfs.records import HolderRecord
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    paths = {name: tmp_path / name for name in ("step_held", "batch_held", "never", "stop", "waiting")}
+    paths.update(step_lock=shared / "step.lock", batch_lock=shared / "batch.lock",
+                 holder=write(tmp_path / "holder.py", HOLDER), waiter=write(tmp_path / "waiter.py", STEP_WAITER))
+    script = TWO_STEP_JOB.format(py=PY, **paths)
+    job = slurm_cluster.sbatch(script, "-N", "2", "--ntasks-per-node=1", "-D", str(tmp_path),
+                               env=job_env(slurm_cluster, tmp_path, SHAREDFS_LOCK="soft"))
+    try:
+        deadline = time.monotonic() + 90
+        while not paths["waiting"].exists():
+            assert time.monotonic() < deadline, slurm_cluster.output(job)
+            time.sleep(0.05)
+        record = HolderRecord.parse((shared / "step.lock.held").read_bytes())
+        assert record is not None and (record.slurm_job, record.slurm_step, record.node) == (job, "0", "n1"), record
+        time.sleep(1.0)  # step 1 now waits, told by Slurm that step 0 is alive
+        slurm_cluster.run("scancel", f"{job}.0")
+        cancelled = time.time()
+
+        (out,) = json_lines(_wait_output(slurm_cluster, job, "acquired_at", "error"))
+        assert (out["host"], out["step"]) == ("n2", "1"), out
+        assert out["batch_lock"].startswith("LockTimeout") and f"Slurm reports job {job} as still active" in \
+            out["batch_lock"], out
+        assert "error" not in out, out
+        taken = out["acquired_at"] - cancelled
+        print(f"step 1 took killed step 0's lock {taken:.1f} s after `scancel {job}.0`")
+        assert 0 < taken < 8.0, out  # not before: while step 0 lived, its lock was not broken
+
+        # The job still runs: per job, the holder would count as alive (and step 1 would wait 60 s).
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        assert slurm_cluster.job_state(job) == "RUNNING"
+        assert plugin.job_alive(job, "n1") is True
+        assert plugin.sharedfs_holder_alive(record, resolve([])) is False
+    finally:
+        paths["stop"].touch()
+        slurm_cluster.run("scancel", job, check=False)
+
+
+@pytest.mark.xfail(strict=True, reason="sharedfs/records.py takes the step from SLURM_STEP_ID, which a batch script "
+                   "inherits from whoever ran sbatch; it must come from the slurmstepd the holder runs under")
+def test_a_batch_script_submitted_from_a_step_is_not_taken_for_that_step(slurm_cluster: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """`sbatch` typed in an `srun --pty bash` session: the new job's batch script inherits SLURM_STEP_ID.
+
+    Slurm 22.05 sets no SLURM_STEP_ID in a batch script, so the submitter's leaks in.  A holder there
+    must not be taken for a step of its new job that does not exist (that would break a live lock).
+    """
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    lock_path, held, stop = shared / "data.lock", tmp_path / "held", tmp_path / "stop"
+    holder, waiter = write(tmp_path / "holder.py", HOLDER), write(tmp_path / "waiter.py", WAITER)
+    env = job_env(slurm_cluster, tmp_path, SHAREDFS_LOCK="soft")
+    job = slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {holder} {lock_path} {held} {stop}\n", "-w", "n1",
+                               "-D", str(tmp_path), env={**env, "SLURM_STEP_ID": "3", "SLURM_STEPID": "3"})
+    try:
+        deadline = time.monotonic() + 90
+        while not held.exists():
+            assert time.monotonic() < deadline, slurm_cluster.output(job)
+            time.sleep(0.05)
+        waiting = slurm_cluster.sbatch(f"#!/bin/sh\nexec {PY} {waiter} {lock_path} sharedfs 6\n", "-w", "n2",
+                                       "-D", str(tmp_path), env=env)
+        slurm_cluster.wait_finished(waiting, timeout=60)
+        (out,) = json_lines(slurm_cluster.output(waiting))
+        assert out.get("error") == "LockTimeout", out  # the holder lives: its lock must not be broken
+    finally:
+        stop.touch()
+
+
+def _wait_output(cluster: SlurmCluster, job: str, *words: str, timeout: float = 90) -> str:
+    """The job's output once a JSON line with one of ``words`` appeared in it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = cluster.output(job)
+        if any(f'"{word}"' in line for line in text.splitlines() if line.startswith("{") for word in words):
+            return text
+        assert time.monotonic() < deadline, f"job {job} printed no result:\n{text}\n{cluster.logs_tail()}"
+        time.sleep(0.1)
+
+
+COUNTING_SQUEUE = """#!/bin/sh
+# Logs every call (node, which run), then is the real squeue.
+echo "$SLURMD_NODENAME $SQUEUE_LOG_TAG $*" >> {log}
+exec {real} "$@"
+"""
+
+RANK_WAITER = """
+import json, os, sys, time
+from sharedfs.plugins import slurm as plugin
+plugin.SHARED_CACHE = sys.argv[2] == "shared"   # off: the per-process cache of earlier versions
+import sharedfs
+start = time.time()
+out = {"node": os.environ["SLURMD_NODENAME"]}
+try:
+    sharedfs.lock(sys.argv[1], timeout=float(sys.argv[3])).acquire()
+    out["error"] = None
+except Exception as exc:
+    out["error"] = type(exc).__name__
+out.update(start=start, end=time.time())
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_ranks_of_a_node_share_one_scheduler_query(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """8 ranks on n2 wait 10 s for a holder on n1: at most one squeue per 2 s for the node, not one per rank."""
+    from sharedfs.plugins import slurm as plugin
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    lock_path, held, stop = shared / "data.lock", tmp_path / "held", tmp_path / "stop"
+    log = tmp_path / "squeue.log"
+    log.write_text("")
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    write(wrapper / "squeue", COUNTING_SQUEUE.format(log=log, real=shutil.which("squeue")), 0o755)
+    holder, waiter = write(tmp_path / "holder.py", HOLDER), write(tmp_path / "waiter.py", RANK_WAITER)
+    env = job_env(slurm_cluster, tmp_path, SHAREDFS_LOCK="soft")
+    job_a = slurm_cluster.sbatch(f"#!/bin/sh\nsrun {PY} {holder} {lock_path} {held} {stop}\n",
+                                 "-w", "n1", "-D", str(tmp_path), env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not held.exists():
+            assert time.monotonic() < deadline, slurm_cluster.output(job_a)
+            time.sleep(0.05)
+        # Both runs at once on n2 (they do not share answers with each other), 8 ranks each.
+        seconds = 10
+        runs = {mode: slurm_cluster.sbatch(f"#!/bin/sh\nsrun -n8 --overcommit {PY} {waiter} {lock_path} {mode} "
+                                           f"{seconds}\n", "-w", "n2", "-n8", "--overcommit", "-D", str(tmp_path),
+                                           env={**env, "PATH": f"{wrapper}:{env['PATH']}", "SQUEUE_LOG_TAG": mode})
+                for mode in ("shared", "per-process")}
+        counts, windows = {}, {}
+        for mode, job in runs.items():
+            slurm_cluster.wait_finished(job, timeout=120)
+            ranks = json_lines(slurm_cluster.output(job))
+            assert len(ranks) == 8 and all(r["node"] == "n2" and r["error"] == "LockTimeout" for r in ranks), \
+                slurm_cluster.output(job)
+            windows[mode] = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
+            counts[mode] = sum(1 for line in log.read_text().splitlines() if line.split()[:2] == ["n2", mode])
+    finally:
+        stop.touch()
+    rates = {mode: counts[mode] / windows[mode] for mode in counts}
+    print(f"squeue calls from n2 while 8 ranks waited: shared {counts['shared']} in {windows['shared']:.1f} s "
+          f"({rates['shared']:.2f}/s), per process {counts['per-process']} in {windows['per-process']:.1f} s "
+          f"({rates['per-process']:.2f}/s)")
+    # At most one query per CACHE_SECONDS for the node (+1: the first one, at the start) ...
+    assert counts["shared"] <= windows["shared"] / plugin.CACHE_SECONDS + 1, (counts, windows)
+    # ... where each rank asking for itself costs about 8 times as much.
+    assert counts["per-process"] >= 4 * counts["shared"], (counts, windows)
 
 
 # -- 3. `sharedfs env` in a batch script ----------------------------------------------------------
@@ -321,7 +521,8 @@ def test_cleanup_removes_exactly_the_jobs_node_local_dirs(slurm_cluster: SlurmCl
         assert sorted(line["node"] for line in lines) == ["n1", "n1", "n2", "n2"], slurm_cluster.output(job)
         return job, lines
 
-    # 1. Processes that exit normally: the last one on each node removes that node's job directory.
+    # 1. Processes that exit normally keep the job's directory: a later step of the same job reuses
+    #    the node-local cache (tests/integration/test_nodelocal_slurm.py); the epilog removes it (3.).
     job_ids = []
     keep = plant("pending")
     job, lines = run_job("exits")
@@ -329,8 +530,8 @@ def test_cleanup_removes_exactly_the_jobs_node_local_dirs(slurm_cluster: SlurmCl
     keep += plant(job)
     for line in lines:
         assert line["dir"].endswith(f"/sharedfs-0/job-{job}/datasets")
-        assert not Path(line["dir"]).parent.exists(), line   # sharedfs's job dir is gone ...
-        assert Path(line["plain"]).is_dir()                  # ... the usual per-job /tmp dir leaks
+        assert Path(line["dir"]).is_dir(), line
+        assert Path(line["plain"]).is_dir()
     # 2. Processes killed with their job leave their directory behind ...
     job, lines = run_job("killed")
     assert all(Path(line["dir"]).is_dir() for line in lines)
