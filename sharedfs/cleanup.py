@@ -435,7 +435,9 @@ def _clean(user_fd: int, name: str, shown: str, uid: int, force: bool, job_over:
             finally:
                 os.close(job_fd)
             if done["left"]:
-                done["skipped"] = f"{len(done['left'])} entries could not be removed; see 'left'"
+                shown_left = "; ".join(done["left"][:3]) + ("; ..." if len(done["left"]) > 3 else "")
+                done["skipped"] = (f"{len(done['left'])} entries could not be removed as uid {uid} ({shown_left}); "
+                                   "they stay, with the job directory")
                 return done
             os.rmdir(name, dir_fd=user_fd)
             done["removed"].append(target)

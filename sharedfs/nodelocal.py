@@ -88,6 +88,8 @@ def open_root(root: Root) -> int:
     directory away and put theirs in its place), or one owned by a user other than us and root.
     """
     path, origin = root
+    if not os.path.isabs(path):  # $TMPDIR=tmp would mean a different directory in every working directory
+        raise UnsafeDirectoryError(f"{origin}={path}: the node-local root must be an absolute path; {_FIX_ROOT}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

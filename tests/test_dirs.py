@@ -90,6 +90,13 @@ def test_the_error_names_where_the_root_came_from(root: Path, monkeypatch: pytes
         node_local_dir("hf_datasets")
 
 
+def test_a_relative_tmpdir_is_refused(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHAREDFS_CACHE_ROOT")
+    monkeypatch.setenv("TMPDIR", "scratch")
+    with pytest.raises(sharedfs.UnsafeDirectoryError, match="^TMPDIR=scratch: the node-local root must be an absolute"):
+        node_local_dir("hf_datasets")
+
+
 def test_the_cache_plugin_raises_the_same_error(root: Path, fresh_runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a framework import meets under cache=node-local (it used to be a bare NotADirectoryError)."""
     from sharedfs._policy import CacheRequest

@@ -83,6 +83,27 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
             subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
 
 
+@contextmanager
+def may_run_this_python(user: User, *paths: str) -> Iterator[None]:
+    """Let ``user`` execute this interpreter and read ``paths``: an ACL ``u:<user>:x`` on each directory on the
+    way that others may not traverse (pyenv under root's 0700 home), removed afterwards."""
+    if not shutil.which("setfacl"):
+        skip_or_fail("setfacl not found (apt-get install acl)")
+    granted: list[str] = []
+    try:
+        for target in (sys.executable, *paths):
+            head = os.path.dirname(os.path.realpath(target)) if os.path.isfile(target) else os.path.realpath(target)
+            while head != "/":
+                if not os.stat(head).st_mode & 0o001 and head not in granted:
+                    subprocess.run(["setfacl", "-m", f"u:{user.name}:x", head], check=True, capture_output=True)
+                    granted.append(head)
+                head = os.path.dirname(head)
+        yield
+    finally:
+        for head in granted:
+            subprocess.run(["setfacl", "-x", f"u:{user.name}", head], check=False, capture_output=True)
+
+
 def owned_by(uid: int, top: str) -> list[str]:
     """Every entry under ``top`` (``top`` included) owned by ``uid``; symlinks are listed, never followed."""
     found = []
