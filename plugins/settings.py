@@ -68,6 +68,7 @@ def read_toml_layer(path: str) -> Layer:
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    # Imported here: most processes name no config file, and the TOML parser is not free to import.
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.9/3.10
