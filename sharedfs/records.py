@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass, fields
@@ -49,6 +50,36 @@ def process_start_time(pid: int) -> str | None:
         return None
 
 
+#: The title slurmstepd gives itself: ``slurmstepd: [JOB.STEP]`` (``batch``/``extern``/``interactive`` named).
+_STEPD_TITLE = re.compile(rb"slurmstepd: \[([0-9]+)\.([0-9]+|batch|extern|interactive)\]")
+
+
+def _slurm_step() -> tuple[str, str] | None:
+    """(job, step) of the nearest ``slurmstepd`` ancestor, or ``None`` when none is visible.
+
+    Not ``SLURM_STEP_ID``: Slurm sets none in a batch script, so there it is whatever the
+    environment of ``sbatch`` held (typed in an ``srun --pty bash`` session: that session's
+    step), and a waiter would take the holder for a step of its new job that never ran.  The
+    slurmstepd a process runs under names its job (a heterogeneous job's component) and step.
+    """
+    pid = os.getpid()
+    for _ in range(64):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                head, tail = fh.read().rsplit(b")", 1)
+            comm, ppid = head.split(b"(", 1)[1], int(tail.split()[1])
+            if comm == b"slurmstepd":
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    found = _STEPD_TITLE.match(fh.read(256))
+                return (found.group(1).decode(), found.group(2).decode()) if found else None
+        except (OSError, ValueError, IndexError):
+            return None
+        if ppid <= 1:
+            return None
+        pid = ppid
+    return None
+
+
 def _pid_namespace() -> str | None:
     try:
         return str(os.stat("/proc/self/ns/pid").st_ino)
@@ -66,6 +97,7 @@ class ProcessFacts:
     pidns: str | None
     host: str
     uid: int
+    slurm_step: tuple[str, str] | None = None  # (job, step) of the slurmstepd this process runs under
 
 
 _facts: ProcessFacts | None = None
@@ -82,6 +114,7 @@ def process_facts() -> ProcessFacts:
             pidns=_pid_namespace(),
             host=socket.gethostname(),
             uid=os.getuid(),
+            slurm_step=_slurm_step(),
         )
     return _facts
 
@@ -113,7 +146,9 @@ class HolderRecord:
         return cls(
             node=node, pid=facts.pid, acquired_at=time.time(), kind=kind, host=facts.host,
             start_time=facts.start_time, boot_id=facts.boot_id, pidns=facts.pidns, uid=facts.uid,
-            slurm_job=_clean(environ.get("SLURM_JOB_ID")), slurm_step=_clean(environ.get("SLURM_STEP_ID")),
+            # The step only from slurmstepd (see _slurm_step); without one, the job alone (its liveness).
+            slurm_job=facts.slurm_step[0] if facts.slurm_step else _clean(environ.get("SLURM_JOB_ID")),
+            slurm_step=facts.slurm_step[1] if facts.slurm_step else None,
             slurm_node=_clean(environ.get("SLURMD_NODENAME")), lease_seconds=lease_seconds,
         )
 

@@ -247,16 +247,19 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
 
 
 def _scheduler_note(record: Any, policy: Policy) -> str:
-    """Why a holder that names a Slurm job was not declared dead (empty when the scheduler was not the question)."""
-    if not record.slurm_job or record.kind == "lease":
+    """Why a recorded holder was not declared dead, in one sentence (empty for a lease: it expires)."""
+    if record.kind == "lease":
         return ""
     alive = runtime.registry().holder_alive(record, policy)
-    if alive is None:
-        return (f"Nobody could tell whether it is still running: it is on another node (or another PID namespace), "
-                f"and Slurm could not be asked about job {record.slurm_job} (squeue/scontrol missing or not "
-                "answering, or the slurm plugin is off), so the lock was waited out instead of broken. ")
     if alive:
-        return f"Slurm reports job {record.slurm_job} as still active. "
+        return (f"Slurm reports job {record.slurm_job} as still active. " if record.slurm_job
+                else "That process is still running. ")
+    if alive is None:
+        asked = (f"Slurm could not be asked about job {record.slurm_job} (squeue/scontrol missing or not "
+                 "answering, the job id refused, or the slurm plugin off)" if record.slurm_job
+                 else "its record names no Slurm job to ask the scheduler about")
+        return (f"Nobody could tell whether it is still running: it is on another node or in another PID "
+                f"namespace, and {asked}, so the lock was waited out instead of broken. ")
     return ""
 
 

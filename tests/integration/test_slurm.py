@@ -296,8 +296,6 @@ def test_a_killed_steps_lock_is_broken_while_its_job_runs_on(slurm_cluster: Slur
         slurm_cluster.run("scancel", job, check=False)
 
 
-@pytest.mark.xfail(strict=True, reason="sharedfs/records.py takes the step from SLURM_STEP_ID, which a batch script "
-                   "inherits from whoever ran sbatch; it must come from the slurmstepd the holder runs under")
 def test_a_batch_script_submitted_from_a_step_is_not_taken_for_that_step(slurm_cluster: SlurmCluster,
                                                                           tmp_path: Path) -> None:
     """`sbatch` typed in an `srun --pty bash` session: the new job's batch script inherits SLURM_STEP_ID.
