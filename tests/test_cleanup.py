@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -238,14 +239,14 @@ def lock_held_by_the_user(two_users) -> Iterator[tuple[User, Path, Path]]:
     user, _, base = two_users
     job_dir = user_tree(user, base)
     lock = job_dir.parent / "job-9.lock"
-    holder = user.popen(["flock", str(lock), "sleep", "120"])
+    holder = user.popen(["flock", str(lock), "sleep", "120"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
         while not lock.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         yield user, base, job_dir
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)  # flock(1) and the sleep it runs, which holds the lock too
         holder.wait()
 
 

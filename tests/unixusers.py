@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
@@ -78,9 +80,37 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
             made.append(User(name, entry.pw_uid, entry.pw_gid))
         yield made
     finally:
+        leftovers = []
         for user in made:
-            subprocess.run(["userdel", user.name], check=False, capture_output=True)
+            # userdel refuses a user who still runs something (a test's stray child): end those, by pid.
+            for pid in processes_of(user.uid):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while True:
+                done = subprocess.run(["userdel", user.name], check=False, capture_output=True, text=True)
+                if done.returncode == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
+            if done.returncode != 0:
+                leftovers.append(f"{user.name}: {done.stderr.strip()}")
+        assert not leftovers, f"throwaway users could not be removed: {leftovers}"
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the processes whose real uid is ``uid`` (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as fh:
+                    uids = next(line for line in fh if line.startswith("Uid:")).split()[1:]
+            except (OSError, StopIteration):
+                continue
+            if int(uids[0]) == uid or int(uids[1]) == uid:
+                pids.append(int(entry))
+    return pids
 
 
 @contextmanager
