@@ -22,12 +22,15 @@ import os as _os
 
 # In a source checkout (editable install, or PYTHONPATH pointing at the repo) the
 # ``plugins/`` and ``shims/`` directories sit beside this package instead of inside
-# it; a wheel installs them as ``sharedfs/plugins`` and ``sharedfs/shims``.  Adding
-# the checkout root to ``__path__`` makes ``sharedfs.plugins`` resolve in both cases
-# at the cost of one stat() (hatchling cannot remap directories in editable mode).
+# it; a wheel installs them as ``sharedfs/plugins`` and ``sharedfs/shims``.  In a
+# checkout, ``autoload/checkout/`` holds two symlinks to exactly those folders, and
+# adding it to ``__path__`` makes ``sharedfs.plugins`` resolve in both cases at the cost
+# of one stat() (hatchling cannot remap directories in editable mode).  Not the checkout
+# root itself: that would make ``sharedfs.tests`` or a second ``sharedfs.sharedfs.runtime``
+# importable.
 _here = _os.path.dirname(__file__)
 if not _os.path.isdir(_os.path.join(_here, "plugins")):  # pragma: no branch
-    __path__.append(_os.path.dirname(_here))  # noqa: F821 - __path__ exists in a package
+    __path__.append(_os.path.join(_os.path.dirname(_here), "autoload", "checkout"))  # noqa: F821
 
 # A submodule must not share a public function's name: importing ``sharedfs.X`` sets the
 # package attribute ``X`` to the module, so ``sharedfs.policy()`` lives in ``runtime`` and the

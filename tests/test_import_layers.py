@@ -1,4 +1,9 @@
-"""The directory modules are layered: nodelocal <- cleanup <- dirs, with no cycle even through function-level imports.
+"""The import graph of sharedfs/, plugins/ and shims/ has no cycle, even through function-level imports.
+
+The layers themselves are import-linter contracts (pyproject.toml, run in CI); this test
+adds what import-linter cannot say: no strongly connected component anywhere, the
+test harness included, counting every import statement wherever it stands.  The
+directory modules are layered: nodelocal <- cleanup <- dirs.
 
 Function-level imports hide a cycle from the interpreter (both modules load) but not
 from a reader or a refactoring: ``dirs`` imported ``cleanup`` inside
@@ -16,14 +21,20 @@ from pathlib import Path
 import sharedfs
 
 KERNEL = Path(sharedfs.__file__).parent
+#: plugins/ and shims/ are installed as sharedfs.plugins / sharedfs.shims (in a checkout they sit beside the package).
+EXTRA = {name: KERNEL.parent / name if (KERNEL.parent / name).is_dir() else KERNEL / name for name in ("plugins", "shims")}
 LAYERED = ("sharedfs.nodelocal", "sharedfs.cleanup", "sharedfs.dirs")
 #: What the layered modules must never reach: the command line, the shims and plugins above the kernel.
 ABOVE = ("sharedfs.cli", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(KERNEL.parent).with_suffix("")
-    parts = list(rel.parts)
+    for name, folder in EXTRA.items():
+        if folder in path.parents and KERNEL not in path.parents:
+            parts = ["sharedfs", name, *path.relative_to(folder).with_suffix("").parts]
+            break
+    else:
+        parts = list(path.relative_to(KERNEL.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -66,6 +77,64 @@ def kernel_graph() -> dict[str, set[str]]:
             continue
         graph[_module_name(path)] = set(imports_of(path))
     return graph
+
+
+def whole_graph() -> dict[str, set[str]]:
+    """Every module of sharedfs/, plugins/ and shims/ (the test harness too) -> the sharedfs modules it imports."""
+    paths = list(KERNEL.rglob("*.py"))
+    for folder in EXTRA.values():
+        if KERNEL not in folder.parents:
+            paths += folder.rglob("*.py")
+    graph = {_module_name(path): set(imports_of(path)) for path in paths}
+    # ``from sharedfs.locks import lock`` names a package; ``from .locks import _api`` a module: keep both.
+    return {module: {dep for dep in deps if dep in graph} for module, deps in graph.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components with more than one module (a cycle), or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt == node or nxt.startswith(node + "."):
+                continue  # a package importing its own submodule is how packages work
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_whole_import_graph_has_no_cycle_counting_function_level_imports() -> None:
+    graph = whole_graph()
+    assert len(graph) > 40 and "sharedfs.plugins.locking" in graph and "sharedfs.shims.datasets" in graph
+    assert strongly_connected(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def cycles_through(graph: dict[str, set[str]], start: str) -> list[list[str]]:

@@ -25,17 +25,10 @@ import pytest
 
 from .hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
 from .preload import PreloadUnavailable, preload_env
+from .skips import skip_or_fail
 from .slurm import slurm_cluster  # a fixture: a real 2-node Slurm cluster (session-scoped)
 
 __all__ = ["fault_preload", "hostile_mount", "skip_or_fail", "slurm_cluster"]
-
-
-def skip_or_fail(reason: str, *, module_level: bool = False) -> NoReturn:
-    """Skip the test (or with ``module_level``, the whole test file) for ``reason``; fail instead
-    when running in CI, where the setup installs everything and a skip would hide a broken setup."""
-    if os.environ.get("CI"):
-        pytest.fail(f"required test infrastructure missing in CI: {reason}", pytrace=False)
-    pytest.skip(reason, allow_module_level=module_level)
 
 
 @pytest.fixture
