@@ -9,6 +9,11 @@ modules that exercise what sharedfs patches:
 * once with ``SHAREDFS_DISABLE=1`` (sharedfs installs nothing: the baseline), and
 * once with sharedfs active and ``SHAREDFS_STRICT=1`` (an internal shim error raises).
 
+Tests that need the Hub are deselected (deselect.txt, one reason each); the webdataset and wids
+tests that curl shards from storage.googleapis.com run against a local HTTPS mirror
+(glue/mirror.py: curl's CURL_HOME/.curlrc points the host at 127.0.0.1).  Any other network
+access from the tests' Python code is refused at once (glue/_plugin), in both modes.
+
 The two sets of failing test ids must be identical.  A test that fails in one mode only is run
 again alone in both modes (``--confirm``, default 2 tries); it counts as a difference if it
 fails the same way again, and as flaky (printed, not counted) if it never does.
@@ -27,7 +32,9 @@ not passed to the suites: each mode sets its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -65,6 +72,7 @@ class Suite:
     import_names: list[str]  # where to look for sharedfs's replacements
     prepare: list[str] = dataclasses.field(default_factory=list)  # glue scripts run with the tree as argument
     pytest_args: list[str] = dataclasses.field(default_factory=list)
+    mirror: bool = False  # serve the tests' remote shards from 127.0.0.1 (glue/mirror.py)
 
 
 SUITES = [
@@ -109,7 +117,7 @@ SUITES = [
         dist="webdataset",
         version="1.0.2",
         modules=[
-            "tests/test_cache.py",  # FileCache, download, LRUCleanup, url_to_cache_name (all patched)
+            "tests/test_cache.py",  # FileCache, download (remote: local mirror), LRUCleanup (all patched)
             "tests/test_gopen.py",  # gopen, which the patched download calls
             "tests/test_shardlists.py",  # shard lists feeding the cache
             "tests/test_writer.py",  # TarWriter: the shards the cache serves
@@ -117,6 +125,7 @@ SUITES = [
         ],
         why="one download per shard (FileCache, download), in-use-safe LRUCleanup, cache dir",
         import_names=["webdataset"],
+        mirror=True,
     ),
     Suite(
         name="wids",
@@ -125,13 +134,14 @@ SUITES = [
         modules=[
             "tests/test_wids.py",  # LRUShards.get_shard / ShardListDataset: download_and_open + locks
             "tests/test_wids_cleanup.py",  # keep_most_recent_files (replaced: in-use-safe)
-            "tests/test_wids_dl.py",  # download_and_open, ULockFile (network tests deselected)
+            "tests/test_wids_dl.py",  # download_and_open + ULockFile, 10 processes at once (local mirror)
             "tests/test_wids_lru.py",  # the LRU whose release_handler is replaced
             "tests/test_wids_mmtar.py",  # memory-mapped shards the cache hands out
         ],
         why="ULockFile that never unlinks, temp + rename downloads, in-use-safe cleanup, cache dir",
         import_names=["wids"],
         prepare=["wids/make_testdata.py"],
+        mirror=True,
     ),
     Suite(
         name="mmengine",
@@ -297,24 +307,48 @@ def run_pytest(python: str, suite: Suite, mode: str, tree: Path, run_dir: Path, 
            "--basetemp", str(run_dir / "pytest-tmp"), *selection, *suite.pytest_args, *targets]
     env = suite_env(mode, tree, run_dir, suite, record, args.network)
     started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        mirror = None
+        if suite.mirror:
+            try:
+                mirror = stack.enter_context(load_glue("mirror").Mirror(run_dir))
+            except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+                return {"returncode": None, "seconds": 0.0, "log": str(log_path), "junit": str(junit),
+                        "problem": f"could not start the local mirror (glue/mirror.py): {error}"}
+            env.update(mirror.env)
+        returncode, timed_out = _pytest_process(cmd, tree, env, log_path, args.suite_timeout)
+    seconds = round(time.monotonic() - started, 1)
+    result: dict[str, Any] = {"returncode": returncode, "seconds": seconds, "log": str(log_path),
+                              "junit": str(junit), "problem": None,
+                              "mirror_requests": len(mirror.requests) if mirror is not None else None}
+    if timed_out:
+        result["problem"] = f"timed out after {args.suite_timeout} s (see {log_path})"
+        return result
+    return _check_record(result, record, returncode, mode, log_path)
+
+
+def load_glue(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"sharedfs_upstream_glue_{name}", GLUE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pytest_process(cmd: list[str], tree: Path, env: dict[str, str], log_path: Path, timeout: int) -> tuple[int, bool]:
     with open(log_path, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n\n")
         out.flush()
         process = subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            returncode = process.wait(timeout=args.suite_timeout)
-            timed_out = False
+            return process.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            returncode, timed_out = -9, True
-    seconds = round(time.monotonic() - started, 1)
-    result: dict[str, Any] = {"returncode": returncode, "seconds": seconds, "log": str(log_path),
-                              "junit": str(junit), "problem": None}
-    if timed_out:
-        result["problem"] = f"timed out after {args.suite_timeout} s (see {log_path})"
-        return result
+            return -9, True
+
+
+def _check_record(result: dict[str, Any], record: Path, returncode: int, mode: str, log_path: Path) -> dict[str, Any]:
     if not record.exists():
         result["problem"] = f"pytest exited {returncode} without a record (see {log_path})"
         return result
@@ -338,7 +372,8 @@ def run_pytest(python: str, suite: Suite, mode: str, tree: Path, run_dir: Path, 
 def counts(result: dict[str, Any]) -> dict[str, Any]:
     tests = result.get("tests") or {}
     outcome = [t["outcome"] for t in tests.values()]
-    return {
+    extra = {} if result.get("mirror_requests") is None else {"mirror_requests": result["mirror_requests"]}
+    return {**extra,
         "selected": len(outcome),
         "passed": outcome.count("passed"),
         "failed": outcome.count("failed"),
