@@ -1,0 +1,206 @@
+"""filelock's contract, as assertions: run against a stock lock class and its sharedfs replacement alike.
+
+Usage: python contract_checks.py CLASS DIR -> one JSON object {check: "ok" | "FAILED: ..."}
+
+CLASS names where the lock class comes from, resolved in *this* process (so with
+``SHAREDFS_DISABLE=1`` it is the framework's own class, without it sharedfs's
+replacement): ``filelock`` (filelock.FileLock), ``sharedfs`` (sharedfs.lock),
+``datasets`` (datasets.utils._filelock.FileLock), ``huggingface_hub``
+(huggingface_hub.utils._fixes.FileLock, the class WeakFileLock builds).  The contract
+is filelock's documentation: the library defines it, and the same assertions run on both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import filelock
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, {here!r})
+from contract_checks import factory
+lock = factory({which!r})({path!r})
+lock.acquire()
+print("held", flush=True)
+sys.stdin.readline()
+lock.release()
+print("released", flush=True)
+"""
+
+
+def factory(which: str) -> Callable[..., Any]:
+    if which == "filelock":
+        return filelock.FileLock
+    if which == "filelock-threads-share":  # a lock that breaks the contract: shows the checks can fail
+        return lambda path, **kw: filelock.FileLock(path, **{"thread_local": False, **kw})
+    if which == "sharedfs":
+        import sharedfs
+
+        return lambda path, **kw: sharedfs.lock(path, **kw)
+    if which == "datasets":
+        import datasets.utils._filelock as module
+
+        return module.FileLock
+    if which == "huggingface_hub":
+        import huggingface_hub.utils._fixes as module
+
+        return module.FileLock
+    raise ValueError(which)
+
+
+class Holder:
+    """Another process holding the same lock file through the same class."""
+
+    def __init__(self, which: str, path: str) -> None:
+        code = HOLDER.format(here=os.path.dirname(os.path.abspath(__file__)), which=which, path=path)
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def release(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "released"
+        self.proc.wait(timeout=30)
+
+
+def check_nonblocking_and_zero_timeout_return_at_once(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "nb.lock")
+    holder = Holder(which, path)
+    try:
+        lock = make(path, timeout=10)
+        for kwargs in ({"blocking": False}, {"timeout": 0}):
+            start = time.monotonic()
+            try:
+                lock.acquire(**kwargs)
+            except filelock.Timeout:
+                pass
+            else:
+                raise AssertionError(f"acquire({kwargs}) got a lock another process holds")
+            assert time.monotonic() - start < 1.0, f"acquire({kwargs}) waited {time.monotonic() - start:.1f} s"
+    finally:
+        holder.release()
+
+
+def check_negative_timeout_waits_until_released(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "wait.lock")
+    holder = Holder(which, path)
+    releaser = threading.Timer(1.0, holder.release)
+    releaser.start()
+    start = time.monotonic()
+    lock = make(path, timeout=-1)
+    lock.acquire()
+    waited = time.monotonic() - start
+    lock.release()
+    releaser.join()
+    assert waited >= 0.9, f"got the lock after {waited:.2f} s, while the holder held it for 1 s"
+
+
+def check_timeout_error_is_filelocks_with_lock_file_and_pickles(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "err.lock")
+    holder = Holder(which, path)
+    try:
+        lock = make(path)
+        try:
+            lock.acquire(timeout=0.1)
+        except filelock.Timeout as exc:
+            error = exc
+        else:
+            raise AssertionError("no Timeout")
+    finally:
+        holder.release()
+    assert isinstance(error, TimeoutError)
+    assert os.path.abspath(error.lock_file) == os.path.abspath(lock.lock_file)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and again.lock_file == error.lock_file and str(again) == str(error)
+
+
+def check_reentrant_counter_and_force_release(make: Callable[..., Any], which: str, d: str) -> None:
+    lock = make(os.path.join(d, "re.lock"))
+    with lock:
+        with lock:
+            assert lock.is_locked and lock.lock_counter == 2
+        assert lock.is_locked and lock.lock_counter == 1
+    assert not lock.is_locked and lock.lock_counter == 0
+    lock.acquire()
+    lock.acquire()
+    lock.release(force=True)
+    assert not lock.is_locked and lock.lock_counter == 0
+
+
+def check_with_acquire_releases(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "wa.lock")
+    lock = make(path)
+    with lock.acquire():
+        assert lock.is_locked
+    assert not lock.is_locked and lock.lock_counter == 0
+    other = make(path)
+    other.acquire(timeout=0)  # nobody holds it any more
+    other.release()
+
+
+def check_context_manager_returns_the_lock(make: Callable[..., Any], which: str, d: str) -> None:
+    lock = make(os.path.join(d, "cm.lock"))
+    with lock as entered:
+        assert entered is lock
+
+
+def check_threads_do_not_share_a_hold_by_default(make: Callable[..., Any], which: str, d: str) -> None:
+    lock = make(os.path.join(d, "th.lock"))
+    assert lock.is_thread_local()
+    outcome: list[str] = []
+
+    def other() -> None:
+        try:
+            lock.acquire(timeout=0.2)
+        except filelock.Timeout:
+            outcome.append("timeout")
+        else:
+            outcome.append("acquired")
+            lock.release()
+
+    with lock:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert outcome == ["timeout"], f"a second thread {outcome} a held thread-local lock"
+
+
+def check_properties_and_constructor_options(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "props.lock")
+    lock = make(path, timeout=5, mode=0o664, thread_local=False, blocking=True, poll_interval=0.01)
+    assert lock.timeout == 5 and lock.mode == 0o664 and not lock.is_thread_local() and lock.blocking
+    lock.timeout = 7
+    assert lock.timeout == 7
+    assert os.path.abspath(lock.lock_file) == os.path.abspath(path)
+
+
+CHECKS = [value for name, value in sorted(globals().items()) if name.startswith("check_")]
+
+
+def main() -> None:
+    which, directory = sys.argv[1], sys.argv[2]
+    make = factory(which)
+    results = {}
+    for check in CHECKS:
+        try:
+            check(make, which, directory)
+        except Exception as exc:  # noqa: BLE001 - every failure is a line of the report
+            results[check.__name__] = f"FAILED: {type(exc).__name__}: {exc} | {traceback.format_exc(limit=2)}"
+        else:
+            results[check.__name__] = "ok"
+    made = type(make(os.path.join(directory, "class.lock")))
+    print(json.dumps({"class": f"{made.__module__}.{made.__qualname__}", "results": results}))
+
+
+if __name__ == "__main__":
+    main()

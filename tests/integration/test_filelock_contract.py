@@ -1,0 +1,55 @@
+"""Drop-in means identical: what sharedfs hands a framework in place of its filelock class keeps filelock's contract.
+
+The same assertions (tests/contract_checks.py: non-blocking and zero-timeout acquires return at
+once, a negative timeout waits, the error is a picklable ``filelock.Timeout`` with
+``.lock_file``, per-thread re-entrancy, ``with lock.acquire():`` releases, ``release(force=True)``,
+``mode``, ``timeout``, constructor options) run against the stock class (``SHAREDFS_DISABLE=1``)
+and against sharedfs's replacement, for filelock itself, ``sharedfs.lock``, datasets' FileLock
+and the class huggingface_hub's WeakFileLock builds.  sharedfs 0.1's facade failed five of them
+(blocking=False waited out the timeout, its error was no filelock.Timeout, threads shared a hold,
+``with lock.acquire():`` left the lock held, and timeout/mode/lock_counter were missing).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env
+
+CHECKS = str(Path(__file__).parents[1] / "contract_checks.py")
+
+
+def run(which: str, tmp_path: Path, **env: str) -> dict:
+    work = tmp_path / f"{which}-{'stock' if env else 'sharedfs'}"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, CHECKS, which, str(work)], capture_output=True, text=True,
+                          env=clean_env(env), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("which", ["datasets", "huggingface_hub"])
+def test_the_framework_class_and_its_replacement_pass_the_same_contract(tmp_path: Path, which: str) -> None:
+    stock = run(which, tmp_path, SHAREDFS_DISABLE="1")
+    replaced = run(which, tmp_path)
+    assert not stock["class"].startswith("sharedfs") and replaced["class"].startswith("sharedfs.shims.")
+    assert set(stock["results"].values()) == {"ok"}, stock  # the library defines the contract ...
+    assert replaced["results"] == stock["results"]  # ... and the replacement keeps it
+
+
+def test_sharedfs_lock_passes_filelocks_contract(tmp_path: Path) -> None:
+    stock = run("filelock", tmp_path, SHAREDFS_DISABLE="1")
+    ours = run("sharedfs", tmp_path)
+    assert set(stock["results"].values()) == {"ok"}, stock
+    assert ours["results"] == stock["results"] and ours["class"] == "sharedfs.locks._api.SharedFSLock"
+
+
+def test_the_checks_catch_a_lock_that_breaks_the_contract(tmp_path: Path) -> None:
+    broken = run("filelock-threads-share", tmp_path, SHAREDFS_DISABLE="1")
+    failed = sorted(name for name, result in broken["results"].items() if result != "ok")
+    assert failed == ["check_threads_do_not_share_a_hold_by_default"]
