@@ -280,3 +280,22 @@ def test_sharedfs_env_never_exports_a_node_id(tmp_path: Path) -> None:
 def test_rss_of_this_test_process_is_not_the_question() -> None:
     # The huge-record case reads in a child; keep this process's own limit visible in the report.
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0
+
+
+# -- interop with processes that run without sharedfs ---------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["local disk", "NFS with lockd"])
+def test_a_stock_filelock_and_a_sharedfs_lock_exclude_each_other_where_flock_is_coherent(tmp_path: Path,
+                                                                                        where: str) -> None:
+    """A colleague's venv, or a ``python -S`` tool, uses stock filelock on the same lock file."""
+    lock_file = tmp_path / "i.lock"
+    env = {"MX_NFS_MOUNT": str(tmp_path)} if where == "NFS with lockd" else {}
+    for holder_kind, waiter_kind in (("stock-flock", "auto"), ("auto", "stock-flock")):
+        holder = Client(lock_file, holder_kind, "hold", env=env)
+        assert holder.line()[0] == "held"
+        try:
+            assert _try(lock_file, waiter_kind, 0.5, env=env)[0] == "timeout", (holder_kind, waiter_kind)
+        finally:
+            holder.release()
+        assert _try(lock_file, waiter_kind, 0.5, env=env)[0] == "got"

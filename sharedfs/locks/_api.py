@@ -61,7 +61,9 @@ class _State:
     def __init__(self, lock_file: str, mode: int, policy: Policy, owner: str) -> None:
         choice = choices.lock_choice(lock_file, policy)
         # The reason names the mount: one line per framework, mount and kind, not per lock.
-        decision(f"{owner} locks -> {choice.kind}: {choice.reason}")
+        unpatched = ("; processes running without sharedfs (stock filelock on the same files) are not excluded "
+                     "by it" if choice.kind in ("soft", "lease") else "")
+        decision(f"{owner} locks -> {choice.kind}: {choice.reason}{unpatched}")
         self.guard = threading.Lock()
         self.target = Target(lock_file, mode, policy, choice)
         self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
