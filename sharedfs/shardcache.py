@@ -29,14 +29,17 @@ every node sees them::
 
 Why a sibling: it is the nearest place outside the cache that is on the same
 mount (checked: a cache that is itself a mount point -- a bind mount, a
-container volume -- has its parent on another filesystem), so renaming a
-finished download into the cache stays atomic and other nodes see the claims
-and locks.  Stripes instead of a lock file per shard: a per-shard lock file
-outlives the shard (it cannot be unlinked safely while others may wait on it;
-webdataset#386), so the directory grew by one file per shard ever cached.  Two
-shards on one stripe serialise their downloads, which at 16 concurrent
-downloads happens to about 1.5 % of them.  A claim or a marker lives only as
-long as its shard is cached or read.
+container volume -- has its parent on another filesystem), so other nodes see
+the claims and locks, and a finished download is renamed into the cache
+atomically (where a quota realm or project quota boundary still makes that
+rename fail with EXDEV, the shard is copied in under a hidden temp name, like
+webdataset's own ``.temp`` files, and that is said once).  Stripes instead of a
+lock file per shard: a per-shard lock file outlives its shard (unlinking it is
+unsafe while others may wait on it: webdataset#386), so the directory grew by
+one file per shard ever cached.  Two shards on one stripe serialise their
+downloads, which with 16 downloads in flight delays about 1.5 % of them.  A
+claim lives as long as its shard, a marker as long as its reader, a private
+download directory as long as its download.
 
 The sibling is not used -- the same tree goes to ``<cache>/.sharedfs/``, and
 this is said once per cache -- when this process cannot create entries in the
@@ -45,11 +48,15 @@ every user (``/tmp``) and the sibling is not owned by the cache's owner (anyone
 could have created it first).  Every operation looks for a usable sibling first
 and then for an existing ``<cache>/.sharedfs/``, so processes that chose
 differently at the same first moment agree again at their next operation.
+
 Removing the cache but keeping the sibling is harmless: a claim counts only
-while its shard is visible, and :func:`evict` removes claims of shards that
-are gone.  A ``<cache>/.sharedfs/`` without ``stripes/`` was left by sharedfs
-0.1 (per-shard lock files); it is ignored and can be deleted once no job of
-that version uses the cache.
+while its shard is visible, :func:`evict` removes claims of shards that are
+gone, and a process that used a cache removes its sibling at exit if the cache
+no longer exists (a cache in a ``TemporaryDirectory`` leaves nothing behind).
+A ``<cache>/.sharedfs/`` without ``stripes/`` was left by an earlier sharedfs
+(a lock file per shard); it is ignored, and can be deleted once no job of that
+version uses the cache -- processes of that version do not coordinate with
+this layout.
 
 Hostile neighbours
 ------------------
@@ -215,7 +222,7 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
     if known is not None:
         return known
     real, sibling, inside = _paths(absolute, policy)
-    for _ in range(3):  # a tree another node created is waited for, then looked at again
+    for _ in range(4):  # created (or found invisible and waited for), then looked at again
         cache_st = os.stat(real)
         if _sibling_usable(sibling, real, cache_st):
             return _remember(absolute, Layout(real, sibling, False))
@@ -225,9 +232,8 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
         refused = _sibling_refused(real, sibling, cache_st)
         if refused is None:
             try:
-                if _create_tree(sibling, cache_st):
-                    return _remember(absolute, Layout(real, sibling, False))
-                continue
+                _create_tree(sibling, cache_st)
+                continue  # look again: someone may have won the race with a tree we must not trust
             except OSError as exc:
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise
@@ -312,7 +318,7 @@ def _sibling_refused(real: str, sibling: str, cache_st: os.stat_result) -> str |
     parent = os.path.dirname(real)
     if parent == real:
         return "the cache is the root directory"
-    if _is_mount_point(real, parent):
+    if _is_mount_point(real):
         return (f"{real} is a mount point, so its parent {parent} is another filesystem, which other nodes "
                 "may not share")
     try:
@@ -331,7 +337,7 @@ def _sibling_refused(real: str, sibling: str, cache_st: os.stat_result) -> str |
     return None
 
 
-def _is_mount_point(real: str, parent: str) -> bool:
+def _is_mount_point(real: str) -> bool:
     if os.path.ismount(real):  # another device, or the same inode as the parent
         return True
     from .fsinfo import mount_for  # a bind mount of the same filesystem keeps st_dev
@@ -425,9 +431,10 @@ def _tag() -> str:
 
 
 def _space_error(exc: OSError, what: str, path: str, cache: str) -> OSError:
-    return OSError(exc.errno, f"{os.strerror(exc.errno or 0)}: sharedfs could not write {what} ({path}); it was "
-                              f"removed again. Free space (or quota) on the filesystem of {cache} and retry "
-                              "(sharedfs needs a few hundred bytes per shard being read or downloaded)", path)
+    # OSError appends ``path`` (the file that could not be written) to the message.
+    return OSError(exc.errno, f"{os.strerror(exc.errno or 0)}: sharedfs could not write {what}, so it was removed "
+                              f"again; free space (or quota) on the filesystem of {cache} and retry (sharedfs "
+                              "writes a few hundred bytes for each shard being read or downloaded)", path)
 
 
 def _create_record(path: str, record: HolderRecord, what: str, cache: str) -> int:
@@ -684,7 +691,7 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
         # published it (and the name is not visible here yet: lagging metadata) or died
         # mid-download.  Only the claim, created O_EXCL, can tell us which.
         seen = _claim_state(claim_path)
-        if seen is not None and seen.kind == "published" and _published_visible(dest, seen, current):
+        if seen is not None and seen.kind == "published" and _published_visible(dest, seen):
             return False
         _remove_downloads(lay, shard_key)  # holding the lock: any partial of this shard is a dead one's
         _unlink(claim_path)
@@ -794,7 +801,7 @@ def _claim_state(claim: str) -> HolderRecord | None:
     return record
 
 
-def _published_visible(dest: str, record: HolderRecord, policy: Policy) -> bool:
+def _published_visible(dest: str, record: HolderRecord) -> bool:
     """Wait (bounded) for a shard another process published to become visible here."""
     from .dirs import wait_for
 
@@ -940,10 +947,12 @@ def _sweep(lay: Layout, policy: Policy) -> None:
         path = os.path.join(directory, name)
         if not _alive(path, policy, now=now):
             _unlink(path)
+    # Only claims of shards that are gone are looked at (a claim of a cached shard goes when it is
+    # evicted): one read per orphan, not one per cached shard.
     present = {key(name) for name in _listdir(lay.cache)}
     stale: dict[str, set[str]] = {}
     for name in _listdir(lay.part("claims")):
-        if name not in present or not _published_claim(lay.claim(name)):
+        if name not in present:
             stale.setdefault(name, set()).add("claim")
     for name in _listdir(lay.part("tmp")):
         if _owned_dir(os.path.join(lay.part("tmp"), name)):  # others' partials are private to them
@@ -966,14 +975,6 @@ def _owned_dir(path: str) -> bool:
     except FileNotFoundError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-
-
-def _published_claim(path: str) -> bool:
-    try:
-        record, _ = _read_record(path)
-    except FileNotFoundError:
-        return True  # gone meanwhile: nothing to sweep
-    return record is not None and record.kind == "published"
 
 
 def _sweep_shard(lay: Layout, shard_key: str, what: set[str], policy: Policy, now: float) -> None:

@@ -38,7 +38,7 @@ READER = textwrap.dedent("""
     from sharedfs.testing.shardserver import sample_digest, start_together
     import wids
     urls = json.loads(os.environ["T_URLS"])
-    ds = wids.ShardListDataset([{"url": u, "nsamples": %d} for u in urls], cache_dir=os.environ["T_CACHE"],
+    ds = wids.ShardListDataset([{"url": u, "nsamples": NSAMPLES} for u in urls], cache_dir=os.environ["T_CACHE"],
                                transformations=[], lru_size=int(os.environ.get("T_LRU", "10")))
     order = list(range(len(ds))) * int(os.environ.get("T_EPOCHS", "1"))
     if os.environ.get("T_SHUFFLE", "1") == "1":
@@ -52,7 +52,7 @@ READER = textwrap.dedent("""
         data = data.read() if hasattr(data, "read") else bytes(data)
         got[s["__key__"]] = sample_digest(s["__key__"], data)
     print(json.dumps(got))
-""" % SAMPLES)
+""").replace("NSAMPLES", str(SAMPLES))
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +131,9 @@ def test_ulockfile_unlink_loses_exclusion_and_sharedfs_lock_does_not(tmp_path) -
 
 GET = textwrap.dedent("""
     import sys, wids
-    ds = wids.ShardListDataset([{"url": sys.argv[2], "nsamples": %d}], cache_dir=sys.argv[1], transformations=[])
+    ds = wids.ShardListDataset([{"url": sys.argv[2], "nsamples": NSAMPLES}], cache_dir=sys.argv[1], transformations=[])
     print(len([ds[i] for i in range(len(ds))]), flush=True)
-""" % SAMPLES)
+""").replace("NSAMPLES", str(SAMPLES))
 
 
 def test_killed_download_leaves_no_truncated_shard(tmp_path, shards) -> None:
@@ -159,7 +159,7 @@ def test_killed_download_leaves_no_truncated_shard(tmp_path, shards) -> None:
             seen[label] = sorted(p.name for p in cache.iterdir())  # sharedfs keeps nothing in the cache
         server.stall.clear()
         after = {label: subprocess.run([sys.executable, "-c", GET, str(tmp_path / label), server.url(name)],
-                                       env=_env(**extra), capture_output=True, text=True, timeout=60)
+                                       check=False, env=_env(**extra), capture_output=True, text=True, timeout=60)
                  for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {}))}
     # Plain wids: the half-written shard sits under its final name and the next reader trusts it.
     assert name in seen["plain"] and (tmp_path / "plain" / name).stat().st_size < size
@@ -246,7 +246,7 @@ def test_worker_cap_over_a_wids_dataset(tmp_path, shards, extra: dict, expected:
     root, _ = shards
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs at least 2 CPUs to limit the affinity to 2")
-    proc = subprocess.run([sys.executable, "-c", CAP, str(root / "shard-000000.tar"), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-c", CAP, str(root / "shard-000000.tar"), str(tmp_path)], check=False,
                           env=_env(**extra), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == expected
@@ -272,7 +272,7 @@ PLACE = textwrap.dedent("""
 
 
 def test_node_local_placement_version_gate_and_unpatch(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-c", PLACE], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", PLACE], check=False, capture_output=True, text=True, timeout=120,
                           env=_env(SHAREDFS_CACHE="node-local", SHAREDFS_CACHE_ROOT=tmp_path, SHAREDFS_LOG="info"))
     assert proc.returncode == 0, proc.stderr
     before, after = _last_json(proc.stdout)
