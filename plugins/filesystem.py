@@ -2,8 +2,8 @@
 
 Pure knowledge: :func:`classify` looks only at a :class:`~sharedfs.fsinfo.Mount`
 (fstype, mount options, statfs magic) and touches no file.  Every rule says
-why, with the public source it comes from; ``failures.md`` refers to
-``/work/shared/research/failures.md`` section 1, which lists the issue threads.
+why, with the public source it comes from (upstream issue threads by repository
+and number, and the filesystems' own documentation).
 
 The vocabulary (``coherent`` / ``node-local`` / ``absent``) is defined in
 :mod:`sharedfs.fsinfo`.  When the mount options cannot tell, the rule answers
@@ -72,7 +72,7 @@ def _lustre(mount: Mount) -> FsInfo:
     # ll_file_noflock, so POSIX locks fail alike.
     opts = mount.options
     if "localflock" in opts:
-        # The silent failure of failures.md section 1: both nodes "hold" the lock.
+        # The silent failure: both nodes "hold" the lock (filelock#389 shows it on GPFS).
         return FsInfo(
             mount=mount,
             kind="lustre",
@@ -303,7 +303,7 @@ def _fuse(mount: Mount) -> FsInfo:
             ),
         )
     # A FUSE daemon without lock handlers gets the kernel's local locking,
-    # which excludes only this host (research/harness.md, checked here with
+    # which excludes only this host (checked here with
     # mfusepy); with handlers, it may say anything.  Whether a daemon creates
     # files exclusively is also up to it (object-store gateways often cannot),
     # and NFS/FUSE show the lock-file unlink race of webdataset#386.

@@ -8,7 +8,7 @@ trusted to prove a holder dead, see :attr:`sharedfs.Policy.node_id_trusted`).
 A soft lock whose holder was killed (scancel, preemption, time limit, OOM, a
 crashed task) stays behind; filelock breaks it only for a dead pid on its own
 host, so the rerun on another node hangs until someone deletes files by hand
-(failures.md section 1; ishandhanani/srt-slurm#251, modelscope#1778).  The
+(ishandhanani/srt-slurm#251, modelscope#1778).  The
 holder record names the Slurm job and step, so a waiter asks the scheduler.
 The holder is gone when
 

@@ -143,7 +143,7 @@ def node_local_dir(name: str, *, policy: Policy | None = None, create: bool = Tr
     Every level sharedfs creates is mode 0700.  An existing level that is a
     symlink, owned by another user, or writable by others is refused with
     :class:`sharedfs.UnsafeDirectoryError` (a predictable ``/tmp`` path lets
-    another user plant cache content; failures.md section 5); so is a root that
+    another user plant cache content); so is a root that
     is missing, not a directory, writable by others without the sticky bit, or
     owned by another user (the message names the variable the root came from).
     Each level is opened by descriptor relative to the one above and checked on

@@ -5,7 +5,7 @@ Three field failures of mmengine 0.10.x runs on cluster filesystems:
 * Every rank calls ``mmengine.mkdir_or_exist`` (``os.makedirs(exist_ok=True)``) on
   the work dir and the log dir in ``Runner.__init__``.  On NFS/BeeGFS the losing
   ranks get ``FileExistsError``: ``mkdir`` answers EEXIST, then ``isdir`` asks a
-  stale attribute cache (failures.md section 3; lingua#49, prime-rl#2699).  Every
+  stale attribute cache (lingua#49, prime-rl#2699).  Every
   name that binds ``mkdir_or_exist`` now points at :func:`sharedfs.makedirs`
   (non-collective: the same function runs on one rank in ``LocalBackend.put``).
 * Checkpoints are written in place (``LocalBackend.put`` opens the final name),

@@ -1,6 +1,6 @@
 """The filesystem probe on real directories, with real faults.
 
-Faults are injected the way research/harness.md describes: an ``LD_PRELOAD``
+Faults are injected with an ``LD_PRELOAD``
 library that replaces libc's ``flock`` (Python's ``fcntl.flock`` calls it) in
 the probe's worker processes, failing it with ENOSYS/ENOLCK, making it a no-op,
 or making it hang like a call to a dead NFS lock daemon; and ``linkat``, made to

@@ -4,7 +4,7 @@
 #   pip install sharedfs            # in the job's environment; every process then applies the policy
 #   xtuner train llama2_7b_qlora_alpaca_e3_sharedfs.py --launcher slurm   (see ../slurm/xtuner_train.sbatch)
 #
-# Do not set HF_DATASETS_CACHE=/tmp/... for a multi-node job (seed 000's advice): XTuner broadcasts the
+# Do not set HF_DATASETS_CACHE=/tmp/... for a multi-node job (the usual advice for flock-less storage): XTuner broadcasts the
 # prepared dataset, and a node-local path breaks the other nodes (FileNotFoundError).  Choose the cache
 # placement here instead; sharedfs then prepares once per node when the cache is node-local.
 import torch

@@ -13,7 +13,7 @@ cluster.  That matters: filelock breaks a dead holder's soft lock only when
 the host names match, and a test that let every fake node share one host
 name would "pass" for the wrong reason.
 
-Facts this relies on (measured, see ../shared/research/harness.md):
+Facts this relies on (measured on Debian 12 with Slurm 22.05):
 ``SlurmdParameters=config_overrides`` lets a node declare more CPUs than the
 machine has; ``proctrack/linuxproc`` and ``task/none`` need no cgroups; fake
 node names do not resolve, so addresses come from ``NodeAddr``.

@@ -104,17 +104,17 @@ def old_stack_venv(tmp_path_factory: pytest.TempPathFactory, sharedfs_wheel: Pat
     return make_venv(tmp_path_factory.mktemp("venv") / "old-stack", str(sharedfs_wheel), *OLD_STACK)
 
 
-# -- seed 000 ------------------------------------------------------------------------------------
+# -- datasets#6395: Lustre without -o flock ------------------------------------------------------
 
 
-def test_seed000_lustre_noflock_old_filelock_is_fixed_by_pip_install_sharedfs(
+def test_lustre_noflock_old_filelock_is_fixed_by_pip_install_sharedfs(
     tmp_path: Path, hostile_mount, sharedfs_wheel: Path
 ) -> None:
     """The first field report: Lustre without ``-o flock`` + filelock < 3.24 -> NotImplementedError.
 
     The user does one thing: ``pip install sharedfs`` into the same venv.
     """
-    venv = make_venv(tmp_path / "seed000", OLD_FILELOCK, "datasets==5.2.0")
+    venv = make_venv(tmp_path / "old-filelock", OLD_FILELOCK, "datasets==5.2.0")
     lustre = hostile_mount("lustre-noflock")
     data = write_jsonl(tmp_path / "data.jsonl")
 
@@ -324,7 +324,7 @@ def _gloo_job(tmp_path: Path, env: dict[str, str], label: str) -> dict[str, Any]
         penv = node_env(node, clean_env({**OFFLINE, **env, "T_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2",
                                          "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "SHAREDFS_CACHE_ROOT": str(root),
                                          "HF_HOME": str(root / "hf_home")}))
-        if "HF_DATASETS_CACHE" in env:  # the user's own node-local cache, as seed 000 advises
+        if "HF_DATASETS_CACHE" in env:  # the user's own node-local cache, the usual advice (datasets#6395)
             penv["HF_DATASETS_CACHE"] = str(root / "hf_datasets")
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_TMPFS, str(root),
                 sys.executable, "-c", TRAP_WORKER, str(tmp_path / "only_a.jsonl"), str(tmp_path / "every_node.jsonl")]
@@ -340,7 +340,7 @@ def _gloo_job(tmp_path: Path, env: dict[str, str], label: str) -> dict[str, Any]
 
 
 def test_dataset_sent_to_another_node_from_a_node_local_cache(tmp_path: Path) -> None:
-    """The multi-node pickle trap (failures.md section 5) in a real 2-node gloo job."""
+    """The multi-node pickle trap (LlamaFactory#3065, ms-swift#3667) in a real 2-node gloo job."""
     write_jsonl(tmp_path / "only_a.jsonl")
     write_jsonl(tmp_path / "every_node.jsonl", 50)
 

@@ -45,7 +45,7 @@ def test_flockless_profiles_break_raw_filelock_or_not_sharedfs(hostile_mount, pr
          str(Path(mount.path) / "x.lock")], capture_output=True, text=True, env=clean_env())
     if error:  # NFS without lockd: no filelock release falls back, the job dies (datasets#1672)
         assert probe.returncode != 0 and error in probe.stderr
-    else:  # Lustre: filelock >= 3.24 falls back to SoftFileLock with a warning; older raises (seed 000)
+    else:  # Lustre: filelock >= 3.24 falls back to SoftFileLock with a warning; older raises (datasets#6395)
         assert "flock" in probe.stderr.lower() or probe.returncode != 0
     value, overlaps, kinds = run_workers(_work(mount), NODES, 10)
     assert (value, overlaps, kinds) == (80, 0, {"soft"})
@@ -78,7 +78,7 @@ def _race(mount, how: str, lag: float, relative: str) -> list[subprocess.Complet
 
 
 @pytest.mark.parametrize(("relative", "errors"), [
-    ("run1", ("FileExistsError",)),  # mkdir says EEXIST, isdir says no: seed 002, lingua#49
+    ("run1", ("FileExistsError",)),  # mkdir says EEXIST, isdir says no: lingua#49
     ("ckpt/run1", ("FileExistsError", "FileNotFoundError")),  # the parent is not visible yet either
 ])
 def test_makedirs_races_on_a_lagging_filesystem(hostile_mount, relative: str, errors: tuple) -> None:

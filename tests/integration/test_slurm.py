@@ -470,7 +470,7 @@ import os, sys, json
 import sharedfs
 mine = sharedfs.node_local_dir("datasets")
 (mine / "cached.arrow").write_text("x")
-# The advice users follow without sharedfs (seed 000): a per-job cache dir in /tmp.
+# The advice users follow without sharedfs (datasets#6395): a per-job cache dir in /tmp.
 plain = os.path.join(os.environ["SHAREDFS_CACHE_ROOT"], "hf_datasets_" + os.environ["SLURM_JOB_ID"])
 os.makedirs(plain, exist_ok=True)
 print(json.dumps({"node": os.environ["SLURMD_NODENAME"], "dir": str(mine), "plain": plain}), flush=True)

@@ -1,6 +1,6 @@
 """Real XTuner 0.2.0: a tiny local Llama fine-tuned through ``process_hf_dataset`` on two simulated nodes.
 
-User story (seed 000, failures.md section 5): a user follows the advice to put the
+User story (datasets#6395, LlamaFactory#3065): a user follows the advice to put the
 datasets cache on node-local disk and runs ``xtuner train`` on two nodes.  XTuner
 prepares the dataset on rank 0 and broadcasts it; a datasets ``Dataset`` pickles
 its memory-mapped Arrow files as *paths*, so node b is handed a path that exists
@@ -129,7 +129,7 @@ def _reports(base: Path) -> dict[int, dict[str, Any]]:
 
 
 def test_xtuner_two_nodes_node_local_datasets_cache(xtuner_venv: Venv, tiny_llama: Path, tmp_path: Path) -> None:
-    # Without sharedfs: the user's node-local HF_DATASETS_CACHE (seed 000's advice).  Rank 0 prepares,
+    # Without sharedfs: the user's node-local HF_DATASETS_CACHE (the usual advice, datasets#6395).  Rank 0 prepares,
     # broadcasts, and node b cannot open the Arrow files named in what it received.
     naive = _two_node_job(xtuner_venv, tiny_llama, tmp_path / "naive",
                           {"SHAREDFS_DISABLE": "1", "HF_DATASETS_CACHE": str(tmp_path / "naive" / "node-local" / "hf")})
