@@ -45,6 +45,9 @@ def decide(fs: FsInfo, policy: Policy) -> LockChoice:
     if safe is not None:
         return _choice(safe, f"{safe} is {'cluster-coherent' if fs.shared else 'reliable'} on {where}", fs)
     why = "; ".join(fs.notes) if fs.notes else "no lock known to exclude across nodes"
+    if not fs.o_excl_atomic:
+        why += ("; O_EXCL create is not atomic there either, so no lock excludes other nodes: keep caches "
+                "on node-local storage (SHAREDFS_CACHE=node-local)")
     return _choice("soft", f"existence lock on {where}: {why}", fs)
 
 

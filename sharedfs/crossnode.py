@@ -27,14 +27,15 @@ for the path.  Extra tasks on a node (local rank > 0) print only that they idled
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from . import choices, oslocks, runtime
 
 __all__ = ["CrossNodeError", "run"]
 
@@ -98,17 +99,9 @@ def _try_lock(path: Path, kind: str) -> tuple[str, str | None]:
     """('held'|'blocked'|'failed', errno name) for a non-blocking exclusive lock on a fresh fd."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if kind == "flock":
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        else:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-            return "blocked", None
-        return "failed", errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    os.close(fd)  # closing drops either kind of lock
-    return "held", None
+        return oslocks.try_lock(fd, kind)
+    finally:
+        os.close(fd)  # closing drops either kind of lock
 
 
 def _lock_probe(meet: _Meeting, leader: bool, kind: str) -> dict[str, Any]:
@@ -116,13 +109,8 @@ def _lock_probe(meet: _Meeting, leader: bool, kind: str) -> dict[str, Any]:
     if leader:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                if kind == "flock":
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                else:
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                failure = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            state, failure = oslocks.try_lock(fd, kind)
+            if state != "held":
                 meet.post(f"{kind}-held", {"held": False})
                 meet.barrier(f"{kind}-tried")
                 return {"result": "unsupported", "errno": failure, "role": "holder"}
@@ -195,8 +183,6 @@ def _visibility_probe(meet: _Meeting, timeout: float) -> dict[str, Any]:
 
 def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
     """This task's part of the cross-node probe of ``path``; the report of this node (and the verdict if leader)."""
-    from . import runtime
-
     ident = runtime.identity()
     node = runtime.policy().node_id
     job = os.environ.get("SLURM_JOB_ID")
@@ -238,7 +224,7 @@ def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
     meet.post("report", probes)
     everyone = meet.gather("report")
     if leader:
-        report["verdict"] = _verdict(everyone)
+        report["verdict"] = _verdict(everyone, str(base))
         meet.barrier("bye")  # nobody reads the meeting place any more
         shutil.rmtree(workdir, ignore_errors=True)
     else:
@@ -246,8 +232,8 @@ def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
     return report
 
 
-def _verdict(reports: dict[str, Any]) -> dict[str, Any]:
-    """One answer for the path from every node's view: what is coherent across nodes, and what sharedfs should use."""
+def _verdict(reports: dict[str, Any], path: str) -> dict[str, Any]:
+    """One answer for the path from every node's view, and the lock the plugins choose for what was seen."""
     def combined(kind: str) -> str:
         results = {r[kind]["result"] for r in reports.values()}
         for worst in ("node-local", "unsupported", "mixed", "NOT atomic", "late"):
@@ -256,15 +242,14 @@ def _verdict(reports: dict[str, Any]) -> dict[str, Any]:
         return results.pop() if len(results) == 1 else "mixed"
 
     verdict = {kind: combined(kind) for kind in ("flock", "posix", "o_excl", "visibility")}
-    if verdict["flock"] == "coherent":
-        lock = "flock"
-    elif verdict["posix"] == "coherent":
-        lock = "posix"
-    elif verdict["o_excl"] == "atomic":
-        lock = "soft"
-    else:
-        lock = "none is safe here"
-    verdict["lock_to_use"] = lock
+    # What was observed, in the classification's vocabulary (a mixed answer counts as the weaker
+    # node-local), handed to the same decision every lock takes (plugins/locking.py).
+    state = {"coherent": "coherent", "unsupported": "absent"}
+    seen = replace(choices.filesystem(path), shared=True, flock=state.get(verdict["flock"], "node-local"),
+                   posix=state.get(verdict["posix"], "node-local"), o_excl_atomic=verdict["o_excl"] == "atomic")
+    choice = runtime.registry().choose_lock(os.path.join(path, "probe.lock"), seen, runtime.policy(lock="auto"))
+    verdict["lock_to_use"] = choice.kind
+    verdict["lock_reason"] = choice.reason
     return verdict
 
 

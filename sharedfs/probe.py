@@ -62,6 +62,12 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
+if __package__:
+    from . import oslocks
+else:  # the probe worker (``python -I -S probe.py``): no site-packages, no autoload, no package
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import oslocks  # stdlib only, like this file
+
 __all__ = ["CHECKS", "SCHEMA_VERSION", "probe"]
 
 SCHEMA_VERSION = 1
@@ -105,10 +111,7 @@ def _result(
     }
 
 
-def _errno_name(exc: OSError) -> str | None:
-    if exc.errno is None:
-        return None
-    return errno.errorcode.get(exc.errno, str(exc.errno))
+_errno_name = oslocks.errno_name
 
 
 def _describe(exc: OSError) -> str:
@@ -370,33 +373,15 @@ def _cleanup(workdir: str, _timeout: float) -> StepOutcome:
 _LABEL = {"flock": "flock", "posix": "POSIX (lockf)"}
 
 
-def _try_lock(fd: int, kind: str) -> None:
-    import fcntl
-
-    if kind == "flock":
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-def _unlock(fd: int, kind: str) -> None:
-    import fcntl
-
-    if kind == "flock":
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_UN)
-
-
 def _lock(kind: str) -> Step:
     def step(workdir: str, _timeout: float) -> StepOutcome:
         fd = os.open(os.path.join(workdir, f"{kind}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
-                _try_lock(fd, kind)
+                oslocks.lock(fd, kind)
             except OSError as exc:
                 return False, f"an exclusive {_LABEL[kind]} lock failed: {_describe(exc)}", _errno_name(exc)
-            _unlock(fd, kind)
+            oslocks.unlock(fd, kind)
             return True, f"an exclusive {_LABEL[kind]} lock was taken and released", None
         finally:
             os.close(fd)
@@ -419,14 +404,9 @@ def _contender(path: str, kind: str, timeout: float) -> tuple[str, str | None]:
         try:
             os.close(read_end)
             fd = os.open(path, os.O_RDWR)
-            try:
-                _try_lock(fd, kind)
-                code = "acquired"
-            except OSError as exc:
-                # flock: EWOULDBLOCK; lockf: EACCES or EAGAIN (POSIX allows both).
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    code = "excluded"
-                name = _errno_name(exc) or ""
+            state, failure = oslocks.try_lock(fd, kind)
+            code = {"held": "acquired", "blocked": "excluded", "failed": "error"}[state]
+            name = failure or ""
         except BaseException:  # noqa: BLE001 - a forked child must never unwind into the worker
             code = "error"
         finally:
@@ -459,7 +439,7 @@ def _excludes(kind: str) -> Step:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
-                _try_lock(fd, kind)
+                oslocks.lock(fd, kind)
             except OSError as exc:
                 return (
                     False,
@@ -467,7 +447,7 @@ def _excludes(kind: str) -> Step:
                     _errno_name(exc),
                 )
             held, held_err = _contender(path, kind, timeout)
-            _unlock(fd, kind)
+            oslocks.unlock(fd, kind)
             after, after_err = _contender(path, kind, timeout)
         finally:
             os.close(fd)

@@ -25,13 +25,13 @@ excludes, and is excluded by, every process that can use the native lock.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import oslocks
 from .._policy import LockChoice, Policy
 from ..records import HolderRecord
 from ..safefile import NOFOLLOW
@@ -39,10 +39,6 @@ from . import _marker
 
 log = logging.getLogger("sharedfs")
 
-#: errnos meaning "this filesystem has no such lock": Lustre without -o flock, NFS without lockd.
-NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
-#: errnos of a non-blocking attempt on a lock someone else holds.
-CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
 #: The mode filelock >= 4 uses when none is given: 0o666 filtered by the umask (and default ACLs).
 DEFAULT_MODE = 0o666
 
@@ -201,9 +197,6 @@ class Native:
         self.how = target.choice.kind
         self.holder_alive = holder_alive
 
-    def _lock(self, fd: int, op: int) -> None:
-        (fcntl.flock if self.how == "flock" else fcntl.lockf)(fd, op)
-
     def try_acquire(self) -> Hold | None:
         fd = _open_lock_file(self.target.lock_file, self.target.mode, writable=self.how == "posix")
         if fd is None:
@@ -219,11 +212,11 @@ class Native:
                     return None
                 thread_lock = candidate
             try:
-                self._lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                oslocks.lock(fd, self.how)
             except OSError as exc:
-                if exc.errno in CONTENTION:
+                if exc.errno in oslocks.CONTENTION:
                     return None
-                if exc.errno in NO_LOCKS:
+                if exc.errno in oslocks.NO_LOCKS:
                     raise NativeLockRefused(self.how, exc) from exc
                 raise
             locked = True
@@ -247,7 +240,7 @@ class Native:
             if hold is None:  # not acquired, or an error: undo in reverse order
                 try:
                     if locked:
-                        self._lock(fd, fcntl.LOCK_UN)
+                        oslocks.unlock(fd, self.how)
                 finally:
                     os.close(fd)
                     if thread_lock is not None:
@@ -257,7 +250,7 @@ class Native:
         drop_marker(hold, self.target)
         try:
             if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
-                self._lock(hold.fd, fcntl.LOCK_UN)
+                oslocks.unlock(hold.fd, self.how)
         finally:
             os.close(hold.fd)
             if hold.thread_lock is not None and hold.pid == os.getpid():

@@ -1,0 +1,43 @@
+"""One whole-file lock call of either native kind -- BSD ``flock`` or POSIX ``lockf`` -- and what its errno means.
+
+The lock kinds, the single-node probe (``sharedfs doctor``) and the cross-node probe
+(``doctor --cross-node``) all take native locks through here, so they agree on what
+"held", "held by someone else" and "this filesystem has no such lock" mean.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+
+__all__ = ["CONTENTION", "NO_LOCKS", "errno_name", "lock", "try_lock", "unlock"]
+
+#: A non-blocking attempt on a lock someone else holds (lockf may say EACCES or EAGAIN: POSIX allows both).
+CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
+#: This filesystem has no such lock: Lustre without -o flock (ENOSYS), NFS without lockd (ENOLCK).
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
+
+
+def lock(fd: int, kind: str, *, blocking: bool = False) -> None:
+    """An exclusive ``kind`` (``"flock"`` or ``"posix"``) lock on the whole file; raises OSError."""
+    op = fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB
+    (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, op)
+
+
+def unlock(fd: int, kind: str) -> None:
+    (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, fcntl.LOCK_UN)
+
+
+def try_lock(fd: int, kind: str) -> tuple[str, str | None]:
+    """One non-blocking attempt: ``("held", None)``, ``("blocked", None)`` or ``("failed", errno name)``."""
+    try:
+        lock(fd, kind)
+    except OSError as exc:
+        if exc.errno in CONTENTION:
+            return "blocked", None
+        return "failed", errno_name(exc)
+    return "held", None
+
+
+def errno_name(exc: OSError) -> str | None:
+    return errno.errorcode.get(exc.errno) if exc.errno else None
