@@ -58,6 +58,13 @@ def classify(mount: Mount) -> FsInfo:
     return (rule or _unknown)(mount)
 
 
+def _info(mount: Mount, kind: str, shared: bool, flock: str, posix: str, o_excl_atomic: bool, *notes: str,
+          **errnos: str) -> FsInfo:
+    """One classification: who sees the files, what each lock does there, whether O_EXCL is atomic, and why."""
+    return FsInfo(mount=mount, kind=kind, shared=shared, flock=flock, posix=posix, o_excl_atomic=o_excl_atomic,
+                  notes=notes, **errnos)
+
+
 # --------------------------------------------------------------------------
 # Shared filesystems
 
@@ -73,73 +80,27 @@ def _lustre(mount: Mount) -> FsInfo:
     opts = mount.options
     if "localflock" in opts:
         # The silent failure: both nodes "hold" the lock (filelock#389 shows it on GPFS).
-        return FsInfo(
-            mount=mount,
-            kind="lustre",
-            shared=True,
-            flock=NODE_LOCAL,
-            posix=NODE_LOCAL,
-            o_excl_atomic=True,
-            notes=(
-                (
-                    "Lustre mounted with localflock: flock succeeds but excludes only "
-                    "processes on the same node (POSIX fcntl locks likewise)."
-                ),
-            ),
-        )
+        return _info(mount, "lustre", True, NODE_LOCAL, NODE_LOCAL, True,
+                     "Lustre mounted with localflock: flock succeeds but excludes only "
+                     "processes on the same node (POSIX fcntl locks likewise).")
     if "flock" in opts:
-        return FsInfo(
-            mount=mount,
-            kind="lustre",
-            shared=True,
-            flock=COHERENT,
-            posix=COHERENT,
-            o_excl_atomic=True,
-            notes=(
-                (
-                    "Lustre mounted with flock: flock and POSIX locks are granted by "
-                    "the Lustre lock manager and exclude processes on every client."
-                ),
-            ),
-        )
+        return _info(mount, "lustre", True, COHERENT, COHERENT, True,
+                     "Lustre mounted with flock: flock and POSIX locks are granted by "
+                     "the Lustre lock manager and exclude processes on every client.")
     # filelock >= 3.10.5 turns this ENOSYS into NotImplementedError
     # (datasets#6395); older filelock spun forever (filelock#67).
-    return FsInfo(
-        mount=mount,
-        kind="lustre",
-        shared=True,
-        flock=ABSENT,
-        posix=ABSENT,
-        o_excl_atomic=True,
-        flock_errno="ENOSYS",
-        posix_errno="ENOSYS",
-        notes=(
-            (
-                "Lustre mounted without flock or localflock: flock and POSIX locks "
-                "fail with ENOSYS (Function not implemented)."
-            ),
-        ),
-    )
+    return _info(mount, "lustre", True, ABSENT, ABSENT, True,
+                 "Lustre mounted without flock or localflock: flock and POSIX locks "
+                 "fail with ENOSYS (Function not implemented).", flock_errno="ENOSYS", posix_errno="ENOSYS")
 
 
 def _gpfs(mount: Mount) -> FsInfo:
     # IBM Storage Scale keeps flock() on the node but arbitrates fcntl()
     # byte-range locks across the cluster: filelock#389 (two nodes holding a
     # filelock.FileLock at once) and ibm-granite/granite.build#322.
-    return FsInfo(
-        mount=mount,
-        kind="gpfs",
-        shared=True,
-        flock=NODE_LOCAL,
-        posix=COHERENT,
-        o_excl_atomic=True,
-        notes=(
-            (
-                "GPFS (IBM Storage Scale): flock succeeds but excludes only processes "
-                "on the same node; POSIX fcntl locks exclude across nodes."
-            ),
-        ),
-    )
+    return _info(mount, "gpfs", True, NODE_LOCAL, COHERENT, True,
+                 "GPFS (IBM Storage Scale): flock succeeds but excludes only processes "
+                 "on the same node; POSIX fcntl locks exclude across nodes.")
 
 
 def _nfs_version(mount: Mount) -> str:
@@ -198,15 +159,8 @@ def _nfs(mount: Mount) -> FsInfo:
     o_excl = major not in ("2",)
     if not o_excl:
         notes.append("NFSv2 cannot create a file exclusively: O_CREAT|O_EXCL is not atomic.")
-    return FsInfo(
-        mount=mount,
-        kind="nfs",
-        shared=True,
-        flock=NODE_LOCAL if flock_local else COHERENT,
-        posix=NODE_LOCAL if posix_local else COHERENT,
-        o_excl_atomic=o_excl,
-        notes=tuple(notes),
-    )
+    return _info(mount, "nfs", True, NODE_LOCAL if flock_local else COHERENT,
+                 NODE_LOCAL if posix_local else COHERENT, o_excl, *notes)
 
 
 def _beegfs(mount: Mount) -> FsInfo:
@@ -215,22 +169,11 @@ def _beegfs(mount: Mount) -> FsInfo:
     # That setting is not a mount option (the client's mount options are
     # cfgFile, sysMgmtdHost, logLevel, ...), so it is invisible here.
     cfg = mount.options.get("cfgFile") or "beegfs-client.conf"
-    return FsInfo(
-        mount=mount,
-        kind="beegfs",
-        shared=True,
-        flock=NODE_LOCAL,
-        posix=NODE_LOCAL,
-        o_excl_atomic=True,
-        notes=(
-            (
-                "BeeGFS: flock and POSIX locks exclude across nodes only if "
-                f"{cfg} sets tuneUseGlobalFileLocks=true (the default is false), "
-                "which the mount does not show; assumed node-local. A site plugin "
-                "can declare them coherent."
-            ),
-        ),
-    )
+    return _info(mount, "beegfs", True, NODE_LOCAL, NODE_LOCAL, True,
+                 "BeeGFS: flock and POSIX locks exclude across nodes only if "
+                 f"{cfg} sets tuneUseGlobalFileLocks=true (the default is false), "
+                 "which the mount does not show; assumed node-local. A site plugin "
+                 "can declare them coherent.")
 
 
 def _cephfs(mount: Mount) -> FsInfo:
@@ -238,17 +181,8 @@ def _cephfs(mount: Mount) -> FsInfo:
     # ceph-fuse send flock and fcntl requests to the MDS, which arbitrates
     # them for every client.
     client = "ceph-fuse" if mount.fstype.lower() != "ceph" else "kernel client"
-    return FsInfo(
-        mount=mount,
-        kind="cephfs",
-        shared=True,
-        flock=COHERENT,
-        posix=COHERENT,
-        o_excl_atomic=True,
-        notes=(
-            (f"CephFS ({client}): flock and POSIX locks are granted by the metadata server and exclude across nodes."),
-        ),
-    )
+    return _info(mount, "cephfs", True, COHERENT, COHERENT, True,
+                 f"CephFS ({client}): flock and POSIX locks are granted by the metadata server and exclude across nodes.")
 
 
 def _cifs(mount: Mount) -> FsInfo:
@@ -273,55 +207,25 @@ def _cifs(mount: Mount) -> FsInfo:
             "is held, reading or writing the locked range through another open "
             "file fails with EACCES."
         )
-    return FsInfo(
-        mount=mount,
-        kind="cifs",
-        shared=True,
-        flock=NODE_LOCAL,
-        posix=NODE_LOCAL if nobrl else COHERENT,
-        o_excl_atomic=True,
-        notes=tuple(notes),
-    )
+    return _info(mount, "cifs", True, NODE_LOCAL, NODE_LOCAL if nobrl else COHERENT, True, *notes)
 
 
 def _fuse(mount: Mount) -> FsInfo:
     sub = mount.subtype or mount.fstype
     if mount.fstype.lower() == "fuseblk":
         # fuseblk is a FUSE driver over a local block device (ntfs-3g, exfat-fuse).
-        return FsInfo(
-            mount=mount,
-            kind="fuse",
-            shared=False,
-            flock=COHERENT,
-            posix=COHERENT,
-            o_excl_atomic=True,
-            notes=(
-                (
-                    "FUSE over a local block device (fuseblk): only this node sees it, "
-                    "so the kernel's node-wide locks exclude everyone."
-                ),
-            ),
-        )
+        return _info(mount, "fuse", False, COHERENT, COHERENT, True,
+                     "FUSE over a local block device (fuseblk): only this node sees it, "
+                     "so the kernel's node-wide locks exclude everyone.")
     # A FUSE daemon without lock handlers gets the kernel's local locking,
     # which excludes only this host (checked here with
     # mfusepy); with handlers, it may say anything.  Whether a daemon creates
     # files exclusively is also up to it (object-store gateways often cannot),
     # and NFS/FUSE show the lock-file unlink race of webdataset#386.
-    return FsInfo(
-        mount=mount,
-        kind="fuse",
-        shared=True,
-        flock=NODE_LOCAL,
-        posix=NODE_LOCAL,
-        o_excl_atomic=False,
-        notes=(
-            (
-                f"FUSE filesystem '{sub}': treated as shared with no trustworthy lock; "
-                "the kernel handles its locks on this node only unless the daemon "
-                "implements them, and O_EXCL is as atomic as the daemon makes it."
-            ),
-        ),
-    )
+    return _info(mount, "fuse", True, NODE_LOCAL, NODE_LOCAL, False,
+                 f"FUSE filesystem '{sub}': treated as shared with no trustworthy lock; "
+                 "the kernel handles its locks on this node only unless the daemon "
+                 "implements them, and O_EXCL is as atomic as the daemon makes it.")
 
 
 # --------------------------------------------------------------------------
@@ -329,20 +233,9 @@ def _fuse(mount: Mount) -> FsInfo:
 
 
 def _local_info(mount: Mount, kind: str, what: str) -> FsInfo:
-    return FsInfo(
-        mount=mount,
-        kind=kind,
-        shared=False,
-        flock=COHERENT,
-        posix=COHERENT,
-        o_excl_atomic=True,
-        notes=(
-            (
-                f"{what}: only this node sees it, so flock and POSIX locks exclude "
-                "every process that can reach the file."
-            ),
-        ),
-    )
+    return _info(mount, kind, False, COHERENT, COHERENT, True,
+                 f"{what}: only this node sees it, so flock and POSIX locks exclude every process that can reach "
+                 "the file.")
 
 
 def _overlay(mount: Mount) -> FsInfo:
@@ -363,20 +256,9 @@ def _local(mount: Mount) -> FsInfo:
 
 def _unknown(mount: Mount) -> FsInfo:
     # The hookspec's rule: an unknown filesystem is shared with no trustworthy lock.
-    return FsInfo(
-        mount=mount,
-        kind="unknown",
-        shared=True,
-        flock=NODE_LOCAL,
-        posix=NODE_LOCAL,
-        o_excl_atomic=False,
-        notes=(
-            (
-                f"Unknown filesystem '{mount.fstype}': treated as shared, with no lock "
-                "trusted to exclude other nodes and O_EXCL not assumed atomic."
-            ),
-        ),
-    )
+    return _info(mount, "unknown", True, NODE_LOCAL, NODE_LOCAL, False,
+                 f"Unknown filesystem '{mount.fstype}': treated as shared, with no lock "
+                 "trusted to exclude other nodes and O_EXCL not assumed atomic.")
 
 
 _BY_FSTYPE: dict[str, Callable[[Mount], FsInfo]] = {
