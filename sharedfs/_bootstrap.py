@@ -31,6 +31,10 @@ TARGETS = {
     # The hub's package is a lazy facade; the lock lives in (and is bound from) this module.
     "huggingface_hub": "huggingface_hub.utils._fixes",
     "mmengine": "mmengine",
+    # Patched when the program imports them, never imported to be patched (`import mmengine`
+    # alone does not load the runner: ~800 modules).
+    "mmengine.runner": "mmengine.runner",
+    "mmengine.hooks": "mmengine.hooks.checkpoint_hook",
     "xtuner": "xtuner.dataset.huggingface",  # defines process_hf_dataset; `import xtuner` does not load it
     "torch": "torch.utils.data",  # DataLoader; imported by `import torch`
 }

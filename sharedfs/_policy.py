@@ -112,7 +112,8 @@ class Policy:
         }
 
     def shim_disabled(self, name: str) -> bool:
-        return "all" in self.disable or name in self.disable
+        """``SHAREDFS_DISABLE=mmengine`` turns off every shim of that framework (``mmengine.runner``, ...)."""
+        return "all" in self.disable or name in self.disable or name.partition(".")[0] in self.disable
 
 
 def resolve(layers: Iterable[Layer]) -> Policy:

@@ -43,7 +43,8 @@ HOOK_NAME = "SharedFSHook"
 #: The policy settings ``SharedFSHook`` accepts as keyword arguments.
 HOOK_SETTINGS = ("lock", "cache", "cache_root", "max_workers", "wait_timeout")
 
-__all__ = ["HOOK_NAME", "HOOK_SETTINGS", "MmengineShim", "SharedFSHook"]
+__all__ = ["HOOK_NAME", "HOOK_SETTINGS", "MmengineCheckpointHookShim", "MmengineRunnerShim", "MmengineShim",
+           "SharedFSHook"]
 
 _hook_class: type | None = None
 
@@ -118,45 +119,32 @@ def _log_policy(policy: Policy) -> None:
     print_log(state, logger="current")
 
 
+def make_hook(**settings: Any) -> Any:
+    """What mmengine's ``HOOKS`` registry builds for ``dict(type="SharedFSHook", ...)``: a ``SharedFSHook``.
+
+    Registered instead of the class itself so that registering it does not import
+    ``mmengine.hooks`` (and the runner behind it) on a bare ``import mmengine``: the class is
+    built when the first config asks for the hook (mmengine's builder calls functions too).
+    """
+    return hook_class()(**settings)
+
+
+make_hook.__name__ = make_hook.__qualname__ = HOOK_NAME
+
+
 def _register_hook(registry: Any, patcher: Any = None) -> None:
-    cls = hook_class()
     if patcher is not None:
-        patcher.setitem(registry._module_dict, HOOK_NAME, cls)
+        patcher.setitem(registry._module_dict, HOOK_NAME, make_hook)
     elif HOOK_NAME not in registry._module_dict:
-        registry.register_module(name=HOOK_NAME, module=cls)  # another SharedFSHook there: mmengine says so
+        registry.register_module(name=HOOK_NAME, module=make_hook)  # another SharedFSHook there: mmengine says so
 
 
-class MmengineShim(Shim):
-    name = "mmengine"
-    target = "mmengine"
+class _MmengineShim(Shim):
     distribution = "mmengine"
     # Read against 0.10.x's runner.py, hooks/checkpoint_hook.py and fileio/backends/local_backend.py.
     supported = ">=0.10,<0.11"
 
-    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        # Imported here, not at module level (the registry imports this module on any target's
-        # import).  `import mmengine` has loaded torch already; a training job imports these anyway.
-        from mmengine.fileio.backends import local_backend
-        from mmengine.hooks import checkpoint_hook
-        from mmengine.registry import HOOKS
-        from mmengine.runner import checkpoint as checkpoint_module
-        from mmengine.runner import runner as runner_module
-        from mmengine.utils import path as path_module
-
-        _register_hook(HOOKS, self.patcher)
-        self._rebind("mkdir_or_exist", path_module, make_mkdir_or_exist)
-        backend = local_backend.LocalBackend
-        self.patcher.setattr(backend, "put", make_atomic_put(backend.__dict__["put"], "wb"))
-        self.patcher.setattr(backend, "put_text", make_atomic_put(backend.__dict__["put_text"], "w"))
-        # The hook writes last_checkpoint with a bare open(); a module global named `open`
-        # shadows the builtin for that module only.
-        self.patcher.setattr(checkpoint_hook, "open", atomic_open)
-        self._rebind("find_latest_checkpoint", checkpoint_module, make_find_latest_checkpoint)
-        runner_cls = runner_module.Runner
-        self.patcher.setattr(runner_cls, "load_or_resume", make_load_or_resume(runner_cls.__dict__["load_or_resume"]))
-        decision("mmengine: runner directories via sharedfs.makedirs; checkpoints published atomically")
-
-    def _rebind(self, name: str, home: ModuleType, make: Callable[[Any], Any]) -> None:
+    def rebind(self, name: str, home: ModuleType, make: Callable[[Any], Any]) -> None:
         """Replace ``home.name`` in every loaded mmengine module that bound it by name.
 
         Modules imported later bind it from ``mmengine`` / ``mmengine.utils`` / ``home``, which
@@ -167,6 +155,49 @@ class MmengineShim(Shim):
         for module_name, site in list(sys.modules.items()):
             if module_name.partition(".")[0] == "mmengine" and getattr(site, name, None) is original:
                 self.patcher.setattr(site, name, replacement)
+
+
+
+class MmengineShim(_MmengineShim):
+    """What ``import mmengine`` loads: directories, the file backend, the hook registry."""
+
+    name = "mmengine"
+    target = "mmengine"
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        # All three are loaded by `import mmengine` itself (sys.modules, not an import: patching
+        # must never load a submodule the program did not ask for; issue: import cost).
+        path_module = sys.modules["mmengine.utils.path"]
+        local_backend = sys.modules["mmengine.fileio.backends.local_backend"]
+        _register_hook(sys.modules["mmengine.registry"].HOOKS, self.patcher)
+        self.rebind("mkdir_or_exist", path_module, make_mkdir_or_exist)
+        backend = local_backend.LocalBackend
+        self.patcher.setattr(backend, "put", make_atomic_put(backend.__dict__["put"], "wb"))
+        self.patcher.setattr(backend, "put_text", make_atomic_put(backend.__dict__["put_text"], "w"))
+        decision("mmengine: runner directories via sharedfs.makedirs; checkpoints published atomically")
+
+
+class MmengineRunnerShim(_MmengineShim):
+    """``mmengine.runner``, patched when the program imports it: checkpoint discovery and auto-resume."""
+
+    name = "mmengine.runner"
+    target = "mmengine.runner"
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        self.rebind("find_latest_checkpoint", sys.modules["mmengine.runner.checkpoint"], make_find_latest_checkpoint)
+        runner_cls = sys.modules["mmengine.runner.runner"].Runner
+        self.patcher.setattr(runner_cls, "load_or_resume", make_load_or_resume(runner_cls.__dict__["load_or_resume"]))
+
+
+class MmengineCheckpointHookShim(_MmengineShim):
+    """The checkpoint hook writes ``last_checkpoint`` with a bare ``open()``: publish it atomically."""
+
+    name = "mmengine.hooks"
+    target = "mmengine.hooks.checkpoint_hook"
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        # A module global named `open` shadows the builtin for that module only.
+        self.patcher.setattr(module, "open", atomic_open)
 
 
 # -- directories ------------------------------------------------------------------------------
@@ -341,10 +372,12 @@ def make_load_or_resume(original: Callable[[Any], None]) -> Callable[[Any], None
 # -- is an explicit request for the string form ``dict(type="SharedFSHook")``.  It is honoured even
 # when the shim is off (SHAREDFS_DISABLE), so configs need not change to switch sharedfs off: the hook
 # then only says so.  When the shim is applied, its patcher registered the hook already.
-if "mmengine.registry" in sys.modules:  # pragma: no branch
+# (Loaded by the plugin registry instead, possibly in the middle of mmengine's own import, the
+# registry module may not define HOOKS yet: then the shim's apply registers it a moment later.)
+if getattr(sys.modules.get("mmengine.registry"), "HOOKS", None) is not None:  # pragma: no branch
     _register_hook(sys.modules["mmengine.registry"].HOOKS)
 
 
 @hookimpl
 def sharedfs_register_shims() -> list[Shim]:
-    return [MmengineShim()]
+    return [MmengineShim(), MmengineRunnerShim(), MmengineCheckpointHookShim()]
