@@ -85,6 +85,7 @@ class Policy:
     cache_root: str | None
     wait_timeout: float
     lease_seconds: float
+    poll_interval: float
     max_workers: int | str
     log: str
     strict: bool

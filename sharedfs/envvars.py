@@ -1,7 +1,7 @@
 """Every environment variable sharedfs reads, in one place (the OpenTelemetry habit)."""
 
 __all__ = ["DISABLE", "TRUE_VALUES", "STRICT", "CONFIG", "LOCK", "CACHE", "CACHE_ROOT", "WAIT_TIMEOUT",
-           "LEASE_SECONDS", "MAX_WORKERS", "LOG", "NODE_ID"]
+           "LEASE_SECONDS", "POLL_INTERVAL", "MAX_WORKERS", "LOG", "NODE_ID"]
 
 #: ``1``/``true``/``yes``/``all``: install nothing.  ``datasets,wids``: block those shims.
 #: (The start-up bootstrap spells this name itself, to import nothing; a test keeps them equal.)
@@ -17,6 +17,8 @@ CACHE = "SHAREDFS_CACHE"
 CACHE_ROOT = "SHAREDFS_CACHE_ROOT"
 WAIT_TIMEOUT = "SHAREDFS_WAIT_TIMEOUT"
 LEASE_SECONDS = "SHAREDFS_LEASE_SECONDS"
+#: Longest pause between a waiting node's looks at the shared filesystem (bounds metadata load).
+POLL_INTERVAL = "SHAREDFS_POLL_INTERVAL"
 MAX_WORKERS = "SHAREDFS_MAX_WORKERS"
 LOG = "SHAREDFS_LOG"
 NODE_ID = "SHAREDFS_NODE_ID"

@@ -15,8 +15,10 @@ and ``_release``.  What sharedfs adds lives there:
   native locks (ENOSYS/ENOLCK) to an existence lock;
 * existence markers carry the holder's record, so dead holders are recognised
   on any node (:mod:`sharedfs.locks._marker`);
-* on a shared filesystem, attempts back off (with jitter) so hundreds of waiting
-  ranks do not hammer the metadata server;
+* on a shared filesystem, the ranks of one node that wait for the same lock elect
+  one representative through a node-local gate (:mod:`sharedfs.gates`): only it
+  asks the shared filesystem, backing off with jitter up to ``SHAREDFS_POLL_INTERVAL``,
+  so the metadata load of a contended wait grows with nodes, not ranks;
 * a waiter says after 30 s, and every 2 minutes after, whom it waits for, and a
   timeout raises :class:`sharedfs.LockTimeout` -- a ``filelock.Timeout`` whose
   message names the holder and how to clear a lock whose holder is gone.
@@ -36,7 +38,7 @@ from typing import Any
 
 import filelock
 
-from .. import choices, runtime
+from .. import choices, gates, runtime
 from .._policy import LockChoice, Policy
 from ..errors import ConfigError, LockTimeout
 from ..log import decision
@@ -46,10 +48,9 @@ from ._kinds import DEFAULT_MODE, KINDS, Hold, NativeLockRefused, Target
 
 log = logging.getLogger("sharedfs")
 
-#: A waiter on a shared filesystem pauses between attempts, doubling from MIN_POLL up to MAX_POLL,
-#: with jitter so ranks released by one event do not hit the metadata server in step.
+#: A node's representative waiter pauses between attempts, doubling from MIN_POLL up to the
+#: ``poll_interval`` setting.
 MIN_POLL = 0.002
-MAX_POLL = 1.0
 #: A waiter says whom it waits for after REPORT_AFTER seconds, then every REPORT_EVERY.
 REPORT_AFTER = 30.0
 REPORT_EVERY = 120.0
@@ -126,6 +127,11 @@ class SharedFSLockMixin:
         now = time.monotonic()
         if now < getattr(wait, "next_attempt", 0.0):
             return  # backing off: filelock polls often, the shared filesystem is asked less
+        if getattr(wait, "missed", False) and getattr(wait, "gate", None) is None and _shared(state):
+            gate = gates.try_enter(state.target.lock_file)
+            if gate is None:
+                return  # another rank of this node is asking the shared filesystem for both of us
+            wait.gate = gate
         while True:  # each refusal removes one native kind from the choice: at most flock, posix, then soft
             try:
                 hold = state.kind.try_acquire()
@@ -135,7 +141,8 @@ class SharedFSLockMixin:
         if hold is None:
             self._sharedfs_missed(state, now)
             return
-        wait.next_attempt, wait.pause = 0.0, MIN_POLL
+        hold.gate, wait.gate = getattr(wait, "gate", None), None
+        wait.next_attempt, wait.pause, wait.missed = 0.0, MIN_POLL, False
         with state.guard:
             state.holds[hold.fd] = hold
         _own(self, hold.fd)
@@ -147,14 +154,21 @@ class SharedFSLockMixin:
             hold = state.holds.pop(fd, None)
         _disown(self)
         if hold is not None:
-            hold.kind.release(hold)
+            try:
+                hold.kind.release(hold)
+            finally:
+                if hold.gate is not None:
+                    gates.leave(hold.gate)
 
     def _sharedfs_missed(self, state: _State, now: float) -> None:
         wait = state.waits
-        if state.target.choice.marker or state.target.choice.kind in ("soft", "lease"):
+        wait.missed = True
+        if _shared(state):
+            # Doubling from MIN_POLL to the poll interval, +-25 %: a release is noticed within 1.25
+            # poll intervals, and ranks released by one event do not hit the metadata server in step.
             pause = getattr(wait, "pause", MIN_POLL)
-            wait.next_attempt = now + pause * random.uniform(0.5, 1.5)
-            wait.pause = min(pause * 2, MAX_POLL)
+            wait.next_attempt = now + pause * random.uniform(0.75, 1.25)
+            wait.pause = min(pause * 2, state.target.policy.poll_interval)
         started = getattr(wait, "started", None)
         if started is None:
             return
@@ -184,7 +198,10 @@ class SharedFSLockMixin:
         finally:
             if outer:
                 wait.started = None
-                wait.next_attempt, wait.pause = 0.0, MIN_POLL
+                wait.next_attempt, wait.pause, wait.missed = 0.0, MIN_POLL, False
+                if getattr(wait, "gate", None) is not None:  # gave up (timeout): the next rank may ask
+                    gates.leave(wait.gate)
+                    wait.gate = None
 
     def __repr__(self) -> str:
         state = self.__dict__.get("_sharedfs_state")
@@ -195,6 +212,11 @@ class SharedFSLockMixin:
 
 class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
     """What :func:`sharedfs.lock` returns: a filelock lock whose kind suits its filesystem."""
+
+
+def _shared(state: _State) -> bool:
+    """Whether waiting for this lock costs a shared filesystem operations (native kinds there take the marker)."""
+    return state.target.choice.marker or state.target.choice.kind in ("soft", "lease")
 
 
 def _own(lock: Any, fd: int) -> None:
@@ -331,7 +353,7 @@ def _forget_holds_in_child() -> None:
         # child; older releases do neither, so sharedfs does it for them.
         filelock_resets = hasattr(made, "_reset_after_fork_in_child")
         for hold in list(state.holds.values()):
-            fds = {hold.fd, hold.marker_fd} - {None}
+            fds = {hold.fd, hold.marker_fd, hold.gate} - {None, -1}
             if filelock_resets:
                 fds.discard(hold.fd)
             for fd in fds:

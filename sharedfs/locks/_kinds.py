@@ -77,6 +77,8 @@ class Hold:
     marker_fd: int | None = None
     lease: Any = None
     thread_lock: threading.Lock | None = None
+    #: The node gate this process held while it waited (sharedfs.gates), kept until release.
+    gate: int | None = None
 
 
 # -- the marker, shared by every kind -----------------------------------------------------------
