@@ -1,4 +1,4 @@
-"""``sharedfs`` command line: ``status``, ``doctor``, ``env`` (each with ``--json``)."""
+"""The ``sharedfs`` command: ``status``, ``doctor``, ``env``, ``cleanup`` and ``demo`` (each with ``--json``)."""
 
 from __future__ import annotations
 
@@ -7,48 +7,100 @@ import json
 import os
 import sys
 import sysconfig
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 
+DESCRIPTION = """\
+sharedfs makes ML frameworks' locks and caches correct on cluster shared filesystems
+(Lustre, GPFS, NFS, BeeGFS, CephFS).  Installed, it works without a command: every
+Python process picks it up.  These commands show what it does and check your cluster."""
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sharedfs", description=__doc__)
+EPILOG = """\
+examples:
+  sharedfs status                         is autoload active, which shims apply, every setting and its source
+  sharedfs doctor /lustre/proj/cache      what this path's filesystem and locks do, and what would make them better
+  srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node /lustre/proj/cache
+                                          check from two nodes whether locks really exclude across nodes
+  eval "$(sharedfs env)"                  in a batch script whose Python runs without site (python -S)
+  sharedfs cleanup --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID"
+                                          in a Slurm epilog: remove the job's node-local caches
+  sharedfs demo --html report.html        reproduce the cluster failures here, fixed; a report for your admins
+
+Each command has --help.  Settings are SHAREDFS_* variables (see `sharedfs status`).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, as data (the tests compare it with the README and the docs)."""
+    parser = argparse.ArgumentParser(prog="sharedfs", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sharedfs {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands (sharedfs COMMAND --help for each)")
 
-    p_status = sub.add_parser("status", help="version, autoload, shims, plugins and the policy with its sources")
+    p_status = sub.add_parser("status", help="version, autoload, shims, plugins, policy conflicts, every setting "
+                                             "with its source", description="What sharedfs does in this environment.")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
     p_status.set_defaults(func=cmd_status)
 
-    p_doctor = sub.add_parser("doctor", help="probe paths: filesystem, locks, and what sharedfs will do there")
-    p_doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    p_doctor = sub.add_parser(
+        "doctor", help="what a path's filesystem and locks do, what sharedfs does there, what would make it better",
+        description="Probe each PATH (files are created in a temporary subdirectory and removed): what the "
+                    "filesystem is, what its locks really do, which lock sharedfs uses there, whether programs "
+                    "without sharedfs are excluded by it, and the one setting or mount option that would help.")
+    p_doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH",
+                          help="directories to probe, e.g. your datasets cache (default: the current directory)")
     p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
     p_doctor.add_argument("--cross-node", action="store_true",
                           help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
-    p_doctor.add_argument("--timeout", type=float, default=30.0, help="--cross-node: seconds to wait for other nodes")
+    p_doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                          help="--cross-node: seconds to wait for the other nodes (default 30)")
     p_doctor.set_defaults(func=cmd_doctor)
 
-    p_cleanup = sub.add_parser("cleanup", help="remove one job's node-local directories on this node (for epilogs)")
-    p_cleanup.add_argument("--job", required=True, help="the job id (e.g. $SLURM_JOB_ID)")
-    p_cleanup.add_argument("--uid", type=int, default=None, help="the job's user (default $SLURM_JOB_UID, else you)")
-    p_cleanup.add_argument("--root", default=None, help="node-local root (default: the policy's)")
+    p_env = sub.add_parser(
+        "env", help="print the exports a batch script needs when its Python cannot autoload (python -S)",
+        description="Print the variables that give a process without autoload (python -S, a wrapper that "
+                    "clears site) the same policy and cache directories.  The node id is never exported: it "
+                    "is per process, and `srun` would hand the batch node's name to every node.")
+    p_env.add_argument("--shell", choices=("bash", "fish"), default="bash",
+                       help="syntax of the exports: bash (also sh, zsh) or fish (default bash)")
+    p_env.add_argument("--json", action="store_true", help="machine-readable output")
+    p_env.set_defaults(func=cmd_env)
+
+    p_cleanup = sub.add_parser(
+        "cleanup", help="remove one job's node-local directories on this node (for Slurm epilogs)",
+        description="Remove <root>/sharedfs-<uid>/job-<ID>/ on this node, as that user; refused while the "
+                    "job's processes still use it (unless --force).")
+    p_cleanup.add_argument("--job", required=True, metavar="ID", help="the job id (e.g. $SLURM_JOB_ID)")
+    p_cleanup.add_argument("--uid", type=int, default=None, metavar="UID",
+                           help="the job's user (default $SLURM_JOB_UID, else you)")
+    p_cleanup.add_argument("--root", default=None, metavar="DIR", help="node-local root (default: the policy's)")
     p_cleanup.add_argument("--force", action="store_true", help="remove even while processes of the job use it")
     p_cleanup.add_argument("--json", action="store_true", help="machine-readable output")
     p_cleanup.set_defaults(func=cmd_cleanup)
 
-    p_env = sub.add_parser("env", help="print the environment a batch script should export for this policy")
-    p_env.add_argument("--shell", choices=("bash", "fish"), default="bash")
-    p_env.add_argument("--json", action="store_true", help="machine-readable output")
-    p_env.set_defaults(func=cmd_env)
-
-    p_demo = sub.add_parser("demo", help="reproduce the cluster filesystem failures here, then fix them")
+    p_demo = sub.add_parser(
+        "demo", help="reproduce the cluster filesystem failures on this machine, then show them fixed",
+        description="Run each field failure twice in real processes on a simulated cluster filesystem: "
+                    "without sharedfs, then with it.  Scenarios whose framework is not installed are skipped "
+                    "with the command that installs it (pip install 'sharedfs[demo]' brings them all).")
     p_demo.add_argument("--json", action="store_true", help="machine-readable output (progress goes to stderr)")
     p_demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
-    p_demo.add_argument("--only", action="append", metavar="TEXT", help="run the scenarios whose name contains TEXT")
+    p_demo.add_argument("--only", action="append", metavar="TEXT",
+                        help="run the scenarios whose name contains TEXT (repeatable)")
+    p_demo.add_argument("--html", metavar="FILE", help="also write a one-page HTML report (for a ticket)")
+    p_demo.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    p_demo.add_argument("--doctor", action="append", metavar="PATH",
+                        help="paths whose `sharedfs doctor` verdict goes into the report (default: the current "
+                             "directory; repeatable)")
     p_demo.set_defaults(func=cmd_demo)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 
@@ -57,8 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def status_report() -> dict[str, Any]:
     """Everything ``sharedfs status`` shows, as data."""
+    from packaging.specifiers import SpecifierSet
+
     from . import _bootstrap, activation, runtime
     from .errors import ConfigError
+    from .nodelocal import root_of
 
     report: dict[str, Any] = {
         "version": __version__,
@@ -77,18 +132,23 @@ def status_report() -> dict[str, Any]:
         current = None
     report["policy"] = current.as_dict() if current else None
     report["conflicts"] = dict(current.conflicts) if current else {}
+    root = root_of(current) if current else None
+    report["node_local_root"] = {"path": root.path, "origin": root.origin} if root else None
     shims = []
     for name, state in sorted(activation.shim_states().items()):
         shim = state.shim
-        supported = activation.version_supported(state)
+        # Asked here rather than through activation.version_supported, which warns about every
+        # framework that is not installed: status reports that calmly in its own table.
+        installed = state.installed_version or activation.installed_version(shim.distribution)
+        supported = SpecifierSet(shim.supported, prereleases=True).contains(installed) if installed else None
         shims.append({
             "name": name,
             "target": shim.target,
             "distribution": shim.distribution,
-            "installed": state.installed_version,
+            "installed": installed,
             "supported_versions": shim.supported,
-            "supported": supported if state.installed_version else None,
-            "enabled": bool(current) and not current.shim_disabled(name),
+            "supported": supported,
+            "enabled": current is not None and not current.shim_disabled(name),
             "applied": shim.applied,
             "patches": shim.patcher.changes(),
             "error": state.error,
@@ -109,6 +169,33 @@ def _find_pth() -> str | None:
     return None
 
 
+def _shim_state(shim: dict[str, Any]) -> str:
+    """What a shim does in programs of this environment, in a few words."""
+    if shim["installed"] is None:
+        return "-"
+    if shim["error"]:
+        return f"OFF after an internal error: {shim['error']}"
+    if not shim["enabled"]:
+        return "OFF: SHAREDFS_DISABLE"
+    if not shim["supported"]:
+        return f"OFF: {shim['installed']} is outside {shim['supported_versions']}"
+    if shim["applied"]:
+        return "applied: " + ", ".join(shim["patches"])
+    return f"applies on `import {shim['target']}`"
+
+
+def conflict_lines(conflicts: dict[str, str]) -> list[str]:
+    """Plain-language lines for :attr:`Policy.conflicts` (``sharedfs status`` and ``sharedfs doctor``)."""
+    lines = []
+    for name, text in sorted(conflicts.items()):
+        lines.append(f"CONFLICT {name}: {text}.")
+        if name == "node_id":
+            lines.append("  sharedfs never uses this node id to declare a lock holder dead (it waits instead). "
+                         "Unset SHAREDFS_NODE_ID in the job: exported in a batch script (as an old `eval "
+                         "\"$(sharedfs env)\"` did), srun hands the batch node's name to every node.")
+    return lines
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     report = status_report()
     if args.json:
@@ -119,34 +206,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     if auto["disabled_by_environment"]:
         state = "disabled by SHAREDFS_DISABLE"
     elif auto["active_in_this_interpreter"]:
-        state = "active"
+        state = "active in this interpreter"
     else:
-        state = "not active in this interpreter (python -S, or not installed)"
+        state = "NOT active in this interpreter (python -S, or sharedfs.pth is not in this environment)"
     print(f"autoload: {auto['pth_file'] or 'no sharedfs.pth in site-packages'}; {state}")
     if report["config_error"]:
         print(f"\nCONFIG ERROR: {report['config_error']}")
-    print("\nshims:")
+    if report["conflicts"]:
+        print()
+        for line in conflict_lines(report["conflicts"]):
+            print(line)
+    print("\nshims (each patches its framework in a program that imports it):")
+    print(f"  {'name':<16} {'installed':<14} {'supported':<14} state")
     for shim in report["shims"]:
-        if shim["installed"] is None:
-            line = "not installed"
-        else:
-            fit = "supported" if shim["supported"] else f"UNSUPPORTED (needs {shim['supported_versions']})"
-            line = f"{shim['distribution']} {shim['installed']} {fit}"
-        flags = "enabled" if shim["enabled"] else "disabled"
-        if shim["applied"]:
-            flags += ", applied: " + ", ".join(shim["patches"])
-        if shim["error"]:
-            flags += f", ERROR: {shim['error']}"
-        print(f"  {shim['name']:<16} {line}; {flags}")
-    if report["external_plugins"]:
-        print("\nthird-party plugins:")
-        for plugin in report["external_plugins"]:
-            state = f"FAILED: {plugin['error']}" if plugin["error"] else "loaded"
-            print(f"  {plugin['name']:<16} {plugin['distribution']} {plugin['version']} ({plugin['value']}): {state}")
+        print(f"  {shim['name']:<16} {shim['installed'] or 'not installed':<14} {shim['supported_versions']:<14} "
+              f"{_shim_state(shim)}")
+    blocked = f"; blocked by SHAREDFS_DISABLE: {', '.join(report['blocked'])}" if report["blocked"] else ""
+    external = {p["name"] for p in report["external_plugins"]}
+    shim_names = {shim["name"] for shim in report["shims"]}
+    builtin = [name for name in report["plugins"] if name not in external and name not in shim_names]
+    print(f"\nplugins: {', '.join(builtin)}{blocked}")
+    for plugin in report["external_plugins"]:
+        state = f"FAILED: {plugin['error']}" if plugin["error"] else "loaded"
+        print(f"  third-party {plugin['name']}: {plugin['distribution']} {plugin['version']} ({plugin['value']}): "
+              f"{state}")
     if report["policy"]:
-        print("\npolicy:")
+        print("\npolicy (value, and where it came from):")
         for name, item in report["policy"].items():
-            print(f"  {name:<14} {item['value']!s:<24} ({item['source']})")
+            value, source = item["value"], item["source"]
+            if name == "cache_root" and value is None and report["node_local_root"]:
+                root = report["node_local_root"]
+                value = root["path"]
+                source = ("default: $SLURM_TMPDIR, $TMPDIR unset" if root["origin"] == "the default node-local root"
+                          else f"default: ${root['origin']}")
+            if name == "disable":
+                value = ", ".join(value) or "-"
+            flag = "  <- CONFLICT" if name in report["conflicts"] else ""
+            print(f"  {name:<14} {value!s:<24} ({source}){flag}")
     return 1 if report["config_error"] else 0
 
 
@@ -157,6 +253,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 SYMPTOMS = {
     "ENOSYS": "filelock < 3.24 and datasets raise \"FileSystem does not appear to support flock\"",
     "ENOLCK": "filelock, datasets and wids raise \"[Errno 37] No locks available\" (no filelock release falls back)",
+}
+
+#: Human names of the filesystem kinds ``sharedfs_classify_filesystem`` answers.
+KIND_NAMES = {
+    "lustre": "Lustre", "gpfs": "GPFS (IBM Storage Scale)", "nfs": "NFS", "beegfs": "BeeGFS", "cephfs": "CephFS",
+    "cifs": "SMB/CIFS", "fuse": "a FUSE filesystem", "overlay": "an overlay filesystem (container layers)",
+    "tmpfs": "tmpfs (memory)", "local": "a local disk", "unknown": "an unknown filesystem",
 }
 
 
@@ -174,9 +277,11 @@ def doctor_report(path: str) -> dict[str, Any]:
         "path": path,
         "filesystem": {**fs.as_dict(), "safe_lock": auto.kind if auto.kind in ("flock", "posix") else None},
         "probes": probes,
-        "lock": {"kind": choice.kind, "reason": choice.reason},
+        "lock": {"kind": choice.kind, "reason": choice.reason, "marker": choice.marker},
         "cache": {"mode": current.cache, "source": current.source("cache")},
         "warnings": _doctor_warnings(fs, probes, choice.kind),
+        "verdict": _doctor_verdict(path, fs, probes, choice),
+        "conflicts": dict(current.conflicts),
     }
 
 
@@ -192,14 +297,129 @@ def _doctor_warnings(fs: Any, probes: dict[str, Any], lock_kind: str) -> list[st
         warnings.append(f"flock fails here with {flock['errno']}: {symptom}; sharedfs uses a {lock_kind} lock")
     elif flock.get("ok") and fs.shared and fs.flock != "coherent":
         warnings.append("flock succeeds here but excludes only processes on the same node (it cannot be seen "
-                        "from one node: run `srun -N 2 sharedfs doctor --cross-node PATH` to check); tools that "
-                        f"trust it (filelock, datasets, wids) can corrupt shared caches; sharedfs uses a {lock_kind} lock")
+                        "from one node: run `srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node PATH` to "
+                        "check); tools that trust it (filelock, datasets, wids) can corrupt shared caches; "
+                        f"sharedfs uses a {lock_kind} lock")
     if results.get("o_excl", {}).get("ok") is False:
         warnings.append("O_EXCL create is not exclusive here: existence (soft) locks are unsafe; use a lease "
                         "(SHAREDFS_LOCK=lease) or keep caches on node-local storage (SHAREDFS_CACHE=node-local)")
     if fs.kind == "unknown":
         warnings.append(f"unknown filesystem {fs.mount.fstype!r}: treated as shared with no trustworthy lock")
     return warnings
+
+
+def _lock_words(state: str, errno_name: str | None, seen: dict[str, Any], shared: bool) -> str:
+    """What one lock kind does here: what the probe saw, then what the classification knows."""
+    if seen.get("errno"):
+        return f"fails with {seen['errno']}"
+    if seen.get("ok") is False:
+        return "failed in the probe" + (f" ({seen.get('detail')})" if seen.get("detail") else "")
+    if state == "absent":
+        return f"fails{' with ' + errno_name if errno_name else ''}"
+    if state == "node-local":
+        return "works, but excludes only processes on the same node" if shared else "works"
+    return "works and excludes across nodes" if shared else "works"
+
+
+def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any) -> dict[str, str]:
+    """The verdict a person can act on: what the filesystem is, what its locks do, what sharedfs does, what helps."""
+    results = probes.get("results", {})
+    mount = fs.mount
+    what = (f"{KIND_NAMES.get(fs.kind, fs.kind)} ({mount.fstype} mounted at {mount.mount_point}), "
+            + ("shared between nodes" if fs.shared else "seen by this node only"))
+    locks = (f"flock {_lock_words(fs.flock, fs.flock_errno, results.get('flock', {}), fs.shared)}; "
+             f"POSIX locks {_lock_words(fs.posix, fs.posix_errno, results.get('posix', {}), fs.shared)}; "
+             f"O_EXCL create {'is exclusive' if results.get('o_excl', {}).get('ok', fs.o_excl_atomic) else 'is NOT exclusive'}")
+    across = ""
+    if fs.shared:
+        across = ("one node cannot see whether a lock excludes other nodes; check with "
+                  f"`srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node {path}`")
+    names = {"flock": "flock", "posix": "POSIX (fcntl) locks", "soft": "existence (soft) locks",
+             "lease": "leases (existence locks renewed while held)"}
+    uses = f"{names.get(choice.kind, choice.kind)}: {choice.reason}"
+    if choice.kind in ("soft", "lease") or choice.marker:
+        uses += "; each held lock is marked by <lock>.held with its holder's node, pid and Slurm job"
+    return {"filesystem": what, "locks": locks, "across_nodes": across, "sharedfs": uses,
+            "without_sharedfs": _without_sharedfs(fs, choice), "better": _better(fs, results, choice)}
+
+
+def _without_sharedfs(fs: Any, choice: Any) -> str:
+    """Whether programs WITHOUT sharedfs (python -S, a colleague's venv, stock filelock) are excluded by its locks."""
+    if choice.kind == "flock":
+        return ("stock filelock (FileLock) takes flock on the same file, so programs without sharedfs and "
+                "sharedfs exclude each other here")
+    outsiders = "programs without sharedfs (a `python -S` tool, a venv without sharedfs, stock filelock)"
+    if choice.kind == "posix":
+        return (f"{outsiders} lock with flock, which on {KIND_NAMES.get(fs.kind, fs.kind)} does not exclude "
+                "sharedfs's POSIX locks, nor they it: install sharedfs in every environment that uses this path")
+    return (f"{outsiders} lock the lock file itself, not <lock>.held: they are NOT excluded by sharedfs's "
+            "existence locks here, nor it by theirs; install sharedfs in every environment that uses this path")
+
+
+def _better(fs: Any, results: dict[str, Any], choice: Any) -> str:
+    """The one setting or mount option that would make this path better, or that nothing needs to change."""
+    opts = fs.mount.options
+    if results.get("o_excl", {}).get("ok") is False or not fs.o_excl_atomic:
+        return ("O_CREAT|O_EXCL is not atomic here: set SHAREDFS_LOCK=lease, or keep caches on node-local storage "
+                "(SHAREDFS_CACHE=node-local)")
+    if not fs.shared:
+        return "nothing: storage only this node sees; every lock kind works here"
+    if fs.flock == "coherent":
+        return "nothing: flock excludes across nodes here, for sharedfs and for every other program"
+    if fs.kind == "lustre":
+        was = "-o localflock" if "localflock" in opts else "no flock option"
+        return (f"ask your admins to mount Lustre with `-o flock` (now: {was}); flock then excludes across nodes "
+                "for every program, and sharedfs uses it too")
+    if fs.kind == "nfs":
+        if fs.flock_errno == "ENOLCK" or (results.get("flock", {}).get("errno") == "ENOLCK"):
+            return ("start the NFS lock service on every client (rpc.statd and lockd, e.g. `systemctl start "
+                    "rpc-statd`), or mount with NFSv4, whose locks are part of the protocol")
+        if "local_lock" in opts:
+            return (f"mount with `local_lock=none` (now: local_lock={opts.get('local_lock')}); locks then go to "
+                    "the server and exclude across nodes")
+        if "nolock" in opts:
+            return "mount without `nolock`, so locks go to the server and exclude across nodes"
+    if fs.kind == "gpfs":
+        return ("nothing to remount: GPFS arbitrates POSIX locks across nodes and sharedfs uses them; its flock "
+                "stays node-local, so install sharedfs wherever filelock is used on this path")
+    if fs.kind == "beegfs":
+        return ("set `tuneUseGlobalFileLocks=true` in beegfs-client.conf (ask your admins); then tell sharedfs "
+                "with a site plugin, since the mount does not show it")
+    if fs.kind == "cifs" and "nobrl" in opts:
+        return "mount without `nobrl`, so POSIX locks go to the server"
+    if choice.kind in ("soft", "lease"):
+        return ("if this filesystem's locks are cluster-coherent, check it with `sharedfs doctor --cross-node` "
+                "and then declare it in a site plugin (sharedfs_classify_filesystem) or set SHAREDFS_LOCK")
+    return "nothing to change"
+
+
+def doctor_lines(report: dict[str, Any]) -> list[str]:
+    """``sharedfs doctor``'s text for one path: the verdict first, the probes' evidence after it."""
+    fs = report["filesystem"]
+    verdict = report.get("verdict", {})
+    options = fs["mount"].get("options") or {}
+    shown = ",".join(key if value is None else f"{key}={value}" for key, value in options.items())
+    lines = [report["path"],
+             f"  filesystem : {verdict.get('filesystem', fs['kind'])}",
+             f"  options    : {shown or '-'}",
+             f"  locks      : {verdict.get('locks', '')}"]
+    if verdict.get("across_nodes"):
+        lines.append(f"  across     : {verdict['across_nodes']}")
+    lines.append(f"  sharedfs   : {verdict.get('sharedfs', report['lock']['kind'])}")
+    if verdict.get("without_sharedfs"):
+        lines.append(f"  without it : {verdict['without_sharedfs']}")
+    lines.append(f"  better     : {verdict.get('better', '')}")
+    lines.append(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
+    for name, result in report["probes"].get("results", {}).items():
+        mark = "ok  " if result["ok"] else "FAIL"
+        lines.append(f"  probe {name:<14} {mark} {result.get('detail', '')}")
+    for note in fs["notes"]:
+        lines.append(f"  note       : {note}")
+    for warning in report["warnings"]:
+        lines.append(f"  warning    : {warning}")
+    for line in conflict_lines(report.get("conflicts", {})):
+        lines.append(f"  {line}")
+    return lines
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -215,23 +435,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps({"version": __version__, "paths": reports}, indent=2))
         return 0
     for report in reports:
-        fs = report["filesystem"]
-        mount = fs["mount"]
-        print(f"{report['path']}")
-        print(f"  filesystem : {fs['kind']} ({mount['fstype']} at {mount['mount_point']}, "
-              f"{'shared between nodes' if fs['shared'] else 'node-local'})")
-        print(f"  options    : {mount.get('raw_options') or '-'}")
-        print(f"  flock      : {fs['flock']}{' (' + fs['flock_errno'] + ')' if fs.get('flock_errno') else ''}; "
-              f"POSIX locks: {fs['posix']}; O_EXCL atomic: {'yes' if fs['o_excl_atomic'] else 'no'}")
-        for name, result in report["probes"].get("results", {}).items():
-            mark = "ok  " if result["ok"] else "FAIL"
-            print(f"  probe {name:<14} {mark} {result.get('detail', '')}")
-        print(f"  lock       : {report['lock']['kind']} ({report['lock']['reason']})")
-        print(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
-        for note in fs["notes"]:
-            print(f"  note       : {note}")
-        for warning in report["warnings"]:
-            print(f"  warning    : {warning}")
+        print("\n".join(doctor_lines(report)))
         print()
     return 0
 

@@ -1,0 +1,727 @@
+"""The field failures ``sharedfs demo`` reproduces, and the programs that reproduce them.
+
+One implementation for the demo (:mod:`sharedfs.demo` runs :data:`SCENARIOS`)
+and the tests (``tests/integration/test_demo.py`` runs the same functions), so
+what a user watches and what CI asserts cannot drift apart.
+
+Each scenario runs real programs in separate processes on a simulated cluster
+filesystem (:class:`Sim`): a FUSE filesystem when this process may mount one
+(root and /dev/fuse), otherwise an ``LD_PRELOAD`` library that makes flock
+fail; the scenarios that need a second node's view of the filesystem (lag,
+node-local locks) run only under FUSE.  It returns two :class:`Outcome` s:
+without sharedfs, then with it.  A scenario whose framework or tool is not
+installed raises :class:`ScenarioSkipped` with the command that installs it:
+a missing framework is not a reproduced failure.
+
+The wids and webdataset scenarios read real tar shards from a local HTTP
+server (:mod:`sharedfs.testing.shardserver`, which counts the fetches); the
+broadcast trap gives each simulated node its own tmpfs at the same path
+(``unshare``); the lock scenarios put the holder on another "host" (its own
+UTS and PID namespaces).  Everything mounted or started is cleaned up by the
+:class:`Sim`'s ``ExitStack``, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .shardserver import ShardServer
+
+__all__ = ["OLD_FILELOCK", "REFERENCES", "SCENARIOS", "Outcome", "Scenario", "ScenarioSkipped", "Sim",
+           "install_command", "missing_modules", "old_filelock_dir"]
+
+#: The last filelock release whose FileLock raises NotImplementedError on ENOSYS (datasets#6395);
+#: 3.24 and later fall back to SoftFileLock themselves.  Cluster images often pin older releases.
+OLD_FILELOCK = "filelock==3.23.0"
+
+#: Public threads the scenarios cite, and where to read them.
+REFERENCES = {
+    "datasets#6395": "https://github.com/huggingface/datasets/issues/6395",
+    "datasets#1672": "https://github.com/huggingface/datasets/issues/1672",
+    "filelock#389": "https://github.com/tox-dev/filelock/issues/389",
+    "lingua#49": "https://github.com/facebookresearch/lingua/issues/49",
+    "OLMo#829": "https://github.com/allenai/OLMo/issues/829",
+    "srt-slurm#251": "https://github.com/ishandhanani/srt-slurm/issues/251",
+    "modelscope#1778": "https://github.com/modelscope/modelscope/issues/1778",
+    "webdataset#386": "https://github.com/webdataset/webdataset/issues/386",
+    "LlamaFactory#3065": "https://github.com/hiyouga/LLaMA-Factory/issues/3065",
+    "ms-swift#3667": "https://github.com/modelscope/ms-swift/issues/3667",
+}
+
+#: The distribution (and the version range the shims support) behind each module a scenario imports.
+DISTRIBUTIONS = {
+    "datasets": "datasets>=2.14,<6",
+    "webdataset": "webdataset>=0.2,<1.1",
+    "wids": "wids>=0.1,<0.2",
+    "torch": "torch",
+}
+
+
+class ScenarioSkipped(Exception):
+    """A scenario cannot run here; the message says what is missing and how to get it."""
+
+
+@dataclass
+class Outcome:
+    failed: bool  # did the program fail (crash, hang, corrupt, break a live lock)?
+    evidence: str
+
+
+@dataclass
+class Sim:
+    """The simulated cluster filesystem: FUSE mounts, or the LD_PRELOAD fallback."""
+
+    work: Path
+    stack: ExitStack
+    fuse: bool
+    why_not_fuse: str = ""
+    counter: int = 0
+    base_env: dict[str, str] = field(default_factory=dict)
+    #: Progress notes a scenario wants the user to see (a download, a long wait).
+    note: Callable[[str], None] = lambda line: None
+
+    def shared_dir(self, profile: str, *, lag_ms: float = 2000) -> tuple[Path, dict[str, str]]:
+        """A fresh directory with ``profile``'s faults, and the environment its processes need."""
+        self.counter += 1
+        if self.fuse:
+            from .hostilefs import FuseUnavailable, mount
+
+            root = self.work / f"fs{self.counter}"
+            (root / "backing").mkdir(parents=True)
+            (root / "mnt").mkdir()
+            try:
+                handle = self.stack.enter_context(mount(root / "backing", root / "mnt", profile, lag_ms=lag_ms))
+            except FuseUnavailable as exc:
+                raise ScenarioSkipped(f"the FUSE filesystem could not be mounted: {exc}") from None
+            return Path(handle.path), dict(self.base_env)
+        from .preload import PreloadUnavailable, preload_env
+
+        path = self.work / f"fs{self.counter}"
+        path.mkdir()
+        errno_name = {"lustre-noflock": "ENOSYS", "nfs-nolock": "ENOLCK"}[profile]
+        try:
+            return path, preload_env([str(path)], errno_name, base=self.base_env)
+        except PreloadUnavailable as exc:
+            raise ScenarioSkipped(f"the LD_PRELOAD fault library could not be built: {exc}") from None
+
+
+def python_command() -> str:
+    """How to name this interpreter in a command the user can paste: ``python`` when that is this one."""
+    found = shutil.which("python")
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable) and \
+            os.path.dirname(found) == os.path.dirname(sys.executable):
+        return "python"
+    return shlex.quote(sys.executable)
+
+
+def install_command(modules: list[str]) -> str:
+    """The exact command that installs ``modules`` into this interpreter."""
+    specs = " ".join(shlex.quote(DISTRIBUTIONS.get(name, name)) for name in modules)
+    return f"{python_command()} -m pip install {specs}"
+
+
+def missing_modules(modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` this interpreter (and so every scenario process) cannot import."""
+    return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
+def run_py(code: str, *args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
+                              env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(exc.cmd, -9, "", f"hung: killed after {timeout:.0f} s")
+
+
+def last_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line or "hung" in line]
+    return (errors or lines or ["(no output)"])[-1].strip()[:160]
+
+
+def _unshare(*namespaces: str) -> list[str]:
+    """``unshare`` into ``namespaces`` (a user namespace too when not root), or skip when it cannot."""
+    if not shutil.which("unshare"):
+        raise ScenarioSkipped("needs unshare (util-linux) to simulate another node: apt-get install util-linux")
+    user_ns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    argv = ["unshare", *user_ns, *namespaces]
+    probe = subprocess.run([*argv, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode:
+        raise ScenarioSkipped(f"`{' '.join(argv)}` is refused here ({probe.stderr.strip() or probe.returncode}); "
+                              "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone)")
+    return argv
+
+
+# -- datasets on flock-less storage ---------------------------------------------------------------
+
+LOAD = """
+    import json, sys
+    import datasets
+    datasets.disable_progress_bars()
+    data, cache = sys.argv[1], sys.argv[2]
+    ds = datasets.load_dataset("json", data_files=data, cache_dir=cache, split="train")
+    print(len(ds))
+"""
+
+
+def _jsonl(sim: Sim) -> str:
+    data = sim.work / "rows.jsonl"
+    if not data.exists():
+        data.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(100)))
+    return str(data)
+
+
+def old_filelock_dir() -> Path:
+    """Where the demo keeps :data:`OLD_FILELOCK` (fetched once, then reused offline)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache, "sharedfs", "demo", OLD_FILELOCK.replace("==", "-"))
+
+
+def fetch_old_filelock(sim: Sim) -> Path:
+    """:data:`OLD_FILELOCK` installed into :func:`old_filelock_dir` (needs a package index the first time)."""
+    target = old_filelock_dir()
+    if (target / "filelock").is_dir():
+        return target
+    fetch = (f"{python_command()} -m pip install --no-deps --target {shlex.quote(str(target))} {OLD_FILELOCK}")
+    sim.note(f"fetching {OLD_FILELOCK} from your package index (once; kept in {target})")
+    staging = target.with_name(target.name + f".partial-{os.getpid()}")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                           "--target", str(staging), OLD_FILELOCK], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        shutil.rmtree(staging, ignore_errors=True)
+        why = (proc.stderr.strip().splitlines() or [f"pip exited {proc.returncode}"])[-1][:120]
+        raise ScenarioSkipped(f"needs {OLD_FILELOCK} (the last filelock that raises on ENOSYS) from a package "
+                              f"index, which failed ({why}); fetch it once with: {fetch}")
+    try:
+        staging.rename(target)  # whole or not at all: a concurrent demo may have won the race
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def datasets_enosys(sim: Sim) -> tuple[Outcome, Outcome]:
+    overlay = fetch_old_filelock(sim)
+    path, env = sim.shared_dir("lustre-noflock")
+    old = run_py(LOAD, _jsonl(sim), str(path / "cache-a"),
+                 env={**env, "PYTHONPATH": str(overlay), "SHAREDFS_DISABLE": "1"})
+    new = run_py(LOAD, _jsonl(sim), str(path / "cache-b"), env={**env, "PYTHONPATH": str(overlay)})
+    return (Outcome(old.returncode != 0, f"{OLD_FILELOCK}: {last_error(old)}"),
+            Outcome(new.returncode != 0, f"{OLD_FILELOCK}: loaded 100 rows" if new.returncode == 0
+                    else last_error(new)))
+
+
+def datasets_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
+    path, env = sim.shared_dir("nfs-nolock")
+    without = run_py(LOAD, _jsonl(sim), str(path / "cache-a"), env={**env, "SHAREDFS_DISABLE": "1"})
+    with_ = run_py(LOAD, _jsonl(sim), str(path / "cache-b"), env=env)
+    return (Outcome(without.returncode != 0, last_error(without)),
+            Outcome(with_.returncode != 0, "loaded 100 rows" if with_.returncode == 0 else last_error(with_)))
+
+
+# -- locks that exclude one node only ------------------------------------------------------------
+
+COUNTER = """
+    import os, sys, time
+    lock_file, counter, which = sys.argv[1], sys.argv[2], sys.argv[3]
+    if which == "sharedfs":
+        import sharedfs
+        lock = sharedfs.lock(lock_file)
+    else:
+        import filelock
+        lock = filelock.FileLock(lock_file)
+    for _ in range(10):
+        with lock:
+            try:
+                with open(counter) as fh:
+                    value = int(fh.read() or 0)
+            except (FileNotFoundError, ValueError):  # another "holder" is replacing it right now
+                value = 0
+            time.sleep(0.002)
+            with open(counter + f".{os.getpid()}", "w") as fh:
+                fh.write(str(value + 1))
+            os.replace(counter + f".{os.getpid()}", counter)
+"""
+
+
+def _counter_run(sim: Sim, which: str) -> Outcome:
+    path, env = sim.shared_dir("localflock")
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COUNTER), str(path / "c.lock"),
+                               str(path / "count"), which], env={**env, "SHAREDFS_NODE_ID": f"node{i % 2}"},
+                              stderr=subprocess.PIPE, text=True) for i in range(8)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    if any(p.returncode for p in procs):
+        return Outcome(True, next(e for e in errors if e).strip().splitlines()[-1])
+    value = int((path / "count").read_text())
+    return Outcome(value != 80, f"counter {value}/80 ({80 - value} updates lost)")
+
+
+def node_local_flock(sim: Sim) -> tuple[Outcome, Outcome]:
+    return _counter_run(sim, "filelock"), _counter_run(sim, "sharedfs")
+
+
+# -- metadata that lags between nodes ------------------------------------------------------------
+
+MAKEDIRS = """
+    import os, sys, time
+    target, how, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    time.sleep(delay)
+    if how == "os":
+        os.makedirs(target, exist_ok=True)
+    else:
+        import sharedfs
+        sharedfs.makedirs(target)
+"""
+
+
+def _makedirs_run(sim: Sim, how: str) -> Outcome:
+    path, env = sim.shared_dir("lagging", lag_ms=2000)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(MAKEDIRS), str(path / "run1"), how,
+                               "0" if i < 4 else "0.5"], env={**env, "SHAREDFS_NODE_ID": f"node{i // 4}"},
+                              stderr=subprocess.PIPE, text=True) for i in range(8)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    failed = [e for p, e in zip(procs, errors) if p.returncode]
+    if failed:
+        return Outcome(True, f"{len(failed)}/8 ranks: {failed[0].strip().splitlines()[-1][:120]}")
+    return Outcome(False, "8/8 ranks see the directory")
+
+
+def makedirs_race(sim: Sim) -> tuple[Outcome, Outcome]:
+    return _makedirs_run(sim, "os"), _makedirs_run(sim, "sharedfs")
+
+
+WAIT = """
+    import os, sys, time
+    target, how = sys.argv[1], sys.argv[2]
+    start = time.monotonic()
+    if how == "fixed":
+        while not os.path.exists(target):
+            if time.monotonic() - start > 1.0:
+                raise TimeoutError(f"{os.path.basename(target)} not visible after a fixed 1.0 s wait")
+            time.sleep(0.1)
+    else:
+        import sharedfs
+        sharedfs.wait_for(target)
+    print(f"{time.monotonic() - start:.1f}")
+"""
+
+
+def visibility_timeout(sim: Sim) -> tuple[Outcome, Outcome]:
+    path, env = sim.shared_dir("lagging", lag_ms=2000)
+    outcomes = []
+    for how in ("fixed", "sharedfs"):
+        target = path / f"made-by-rank0-{how}"
+        waiter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WAIT), str(target), how],
+                                  env={**env, "SHAREDFS_NODE_ID": "node1"}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        run_py("import os, sys; os.mkdir(sys.argv[1])", str(target), env={**env, "SHAREDFS_NODE_ID": "node0"})
+        out, err = waiter.communicate(timeout=60)
+        if waiter.returncode:
+            outcomes.append(Outcome(True, err.strip().splitlines()[-1][:140]))
+        else:
+            outcomes.append(Outcome(False, f"seen after {out.strip()} s (2 s lag)"))
+    return outcomes[0], outcomes[1]
+
+
+# -- existence locks whose holder is on another node ---------------------------------------------
+
+HOLD = """
+    import sys, time
+    which, lock_file = sys.argv[1], sys.argv[2]
+    if which == "filelock":
+        import filelock
+        lock = filelock.SoftFileLock(lock_file)
+    else:
+        import sharedfs
+        lock = sharedfs.lock(lock_file)
+    lock.acquire()
+    print("held", flush=True)
+    time.sleep(600)
+"""
+TAKE = """
+    import sys, time
+    which, lock_file = sys.argv[1], sys.argv[2]
+    start = time.monotonic()
+    if which == "filelock":
+        import filelock
+        filelock.SoftFileLock(lock_file, timeout=8).acquire()
+    else:
+        import sharedfs
+        sharedfs.lock(lock_file, timeout=8).acquire()
+    print(f"{time.monotonic() - start:.1f}")
+"""
+
+
+def other_host_prefix() -> list[str]:
+    """Run a command as if on another host: its own UTS namespace and host name, so nothing here
+    can probe its pid, exactly as across real nodes (a user namespace makes this work without root)."""
+    return [*_unshare("--uts"), "sh", "-c", 'hostname node-a && exec "$0" "$@"']
+
+
+def stale_lock(sim: Sim) -> tuple[Outcome, Outcome]:
+    """A job on node A is killed while holding an existence lock; the rerun on node B must not hang."""
+    prefix = other_host_prefix()
+    outcomes = []
+    for which, extra in (("filelock", {}), ("sharedfs", {"SHAREDFS_LOCK": "lease", "SHAREDFS_LEASE_SECONDS": "2"})):
+        lock_dir = sim.work / f"stale-{which}"
+        lock_dir.mkdir()
+        env = {**sim.base_env, **extra}
+        holder = subprocess.Popen([*prefix, sys.executable, "-c", textwrap.dedent(HOLD), which,
+                                   str(lock_dir / "job.lock")], env={**env, "SHAREDFS_NODE_ID": "node-a"},
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGKILL)  # Slurm preemption, OOM killer, time limit
+        holder.wait()
+        taker = run_py(TAKE, which, str(lock_dir / "job.lock"), env={**env, "SHAREDFS_NODE_ID": "node-b"})
+        if taker.returncode:
+            outcomes.append(Outcome(True, f"rerun waits forever: {last_error(taker)[:110]}"))
+        else:
+            outcomes.append(Outcome(False, f"rerun took the lock after {taker.stdout.strip()} s (2 s lease)"))
+    return outcomes[0], outcomes[1]
+
+
+#: How long the live holder keeps its lock, and how long the waiter's first attempt waits.
+LIVE_HOLD_SECONDS, LIVE_FIRST_WAIT = 3.0, 1.0
+
+LIVE_HOLDER = """
+    import sys, time
+    which, lock_file, held, hold = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    if which == "filelock":
+        import filelock
+        lock = filelock.SoftFileLock(lock_file)
+    else:
+        import sharedfs
+        lock = sharedfs.lock(lock_file)
+    lock.acquire()
+    open(held, "w").close()
+    time.sleep(hold)
+    # Written before the release: a waiter that really waited took the lock after this moment.
+    print(time.time(), flush=True)
+    lock.release()
+"""
+LIVE_WAITER = """
+    import json, sys, time
+    which, lock_file, first_wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    if which == "filelock":
+        import filelock
+        lock, Timeout = filelock.SoftFileLock(lock_file), filelock.Timeout
+    else:
+        import sharedfs
+        lock, Timeout = sharedfs.lock(lock_file), sharedfs.LockTimeout
+    out = {"first_attempt": None}
+    try:
+        lock.acquire(timeout=first_wait)  # what a user sees while the holder works on
+    except Timeout as exc:
+        out["first_attempt"] = f"{type(exc).__name__}: {exc}"
+        lock.acquire(timeout=60)
+    out["acquired_at"] = time.time()
+    print(json.dumps(out), flush=True)
+"""
+
+
+#: Another PID namespace on this machine whose processes get pids far above this namespace's: a pid
+#: recorded there names no process here, as a pid recorded on another node (or in another container
+#: of one pod) does.  The shell forks the program, so it gets the high pid (pid 1 is the shell).
+OTHER_PID_SPACE = ('echo $(( $(cat /proc/sys/kernel/pid_max) - 100 )) > /proc/sys/kernel/ns_last_pid 2>/dev/null; '
+                   '"$0" "$@" & wait $!')
+
+
+def _live_run(sim: Sim, which: str, prefix: list[str], overlay: Path) -> Outcome:
+    lock_dir = sim.work / f"live-{which}"
+    lock_dir.mkdir()
+    lock_file, held = lock_dir / "train.lock", lock_dir / "held"
+    # The same filelock on both sides (the one cluster images pin), so sharedfs is the only difference;
+    # an existence lock, as on Lustre without flock (forced: the demo's work dir is local disk).
+    env = {**sim.base_env, "PYTHONPATH": str(overlay), "SHAREDFS_LOCK": "soft"}
+    if which == "filelock":
+        env["SHAREDFS_DISABLE"] = "1"
+    holder = subprocess.Popen([*prefix, sys.executable, "-c", textwrap.dedent(LIVE_HOLDER), which, str(lock_file),
+                               str(held), str(LIVE_HOLD_SECONDS)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists():
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the holder did not take the lock: {holder.communicate()[1][-300:]}")
+            time.sleep(0.02)
+        waiter = run_py(LIVE_WAITER, which, str(lock_file), str(LIVE_FIRST_WAIT), env=env, timeout=90)
+        released = float(holder.communicate(timeout=60)[0].strip() or "inf")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    if waiter.returncode:
+        return Outcome(True, f"waiter: {last_error(waiter)}")
+    result = json.loads(waiter.stdout.strip().splitlines()[-1])
+    if result["acquired_at"] < released:
+        early = released - result["acquired_at"]
+        return Outcome(True, f"BROKE the live holder's lock: the holder's pid does not exist here, so it was "
+                             f"taken for dead; both held the lock for {early:.1f} s")
+    first = (result["first_attempt"] or "").replace(f"{lock_dir}/", "")
+    waited = f"waited for the live holder and took the lock when it released it ({LIVE_HOLD_SECONDS:g} s)"
+    if "held by pid" not in first:
+        return Outcome(True, f"{waited}, without a word about who holds it ({first[:80]})")
+    holder_text = first.split("held by ", 1)[1].split(". ", 1)[0]
+    return Outcome(False, f"{waited}; meanwhile it named the holder: {holder_text}")
+
+
+def live_lock(sim: Sim) -> tuple[Outcome, Outcome]:
+    """A holds an existence lock and works on; B, with the same host name but another PID space, wants it.
+
+    Two containers of one pod (or nodes whose containers share a host name) look like one host,
+    but a pid from one means nothing in the other.  :data:`OLD_FILELOCK`'s rule -- same host name,
+    pid not running here, so dead -- breaks the live holder's lock; sharedfs's rule also needs the
+    same boot and PID namespace before a pid may prove anything, so B waits and names A.
+    """
+    overlay = fetch_old_filelock(sim)
+    prefix = [*_unshare("--pid", "--fork", "--mount-proc"), "sh", "-c", OTHER_PID_SPACE]
+    return _live_run(sim, "filelock", prefix, overlay), _live_run(sim, "sharedfs", prefix, overlay)
+
+
+# -- wids and webdataset: real tar shards from a local HTTP server --------------------------------
+
+SHARDS, SHARD_SAMPLES = 4, 10
+
+
+def _shard_server(sim: Sim, delay: float) -> tuple[ShardServer, list[str], dict[str, str]]:
+    """A fresh :class:`ShardServer` (closed by ``sim.stack``), its shard URLs, and the expected samples."""
+    from .shardserver import ShardServer, make_shards
+
+    root = sim.work / "shards"
+    expected = make_shards(root, count=SHARDS, samples=SHARD_SAMPLES)  # deterministic: rewriting is harmless
+    server = sim.stack.enter_context(ShardServer(root, delay=delay, max_seconds=120))
+    return server, server.urls(server.shard_names()), expected
+
+
+def _readers(sim: Sim, code: str, args: list[str], env: dict[str, str], nodes: int, count: int,
+             timeout: float = 90) -> list[subprocess.CompletedProcess[str]]:
+    """``count`` reader processes over ``nodes`` simulated nodes, released together by a gate."""
+    sim.counter += 1
+    gate = str(sim.work / f"gate{sim.counter}")
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args, gate],
+                              env={**env, "SHAREDFS_NODE_ID": f"node{i % nodes}", "SHAREDFS_TEST_INDEX": str(i),
+                                   "SHAREDFS_TEST_COUNT": str(count)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(count)]
+    done = []
+    try:
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                err += f"\nhung: killed after {timeout:.0f} s"
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:  # Ctrl-C or an error: no reader outlives the demo
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+def _samples(proc: subprocess.CompletedProcess[str]) -> dict[str, str] | None:
+    if proc.returncode:
+        return None
+    try:  # wids prints cache-miss warnings to stdout: the result is the last line
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
+WIDS_READER = """
+    import json, sys
+    from sharedfs.testing.shardserver import sample_digest, start_together
+    import wids
+    urls, cache, samples, gate = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    start_together(gate)  # before wids touches the cache: a failing reader must not strand the others
+    ds = wids.ShardListDataset([{"url": u, "nsamples": samples} for u in urls], cache_dir=cache,
+                               transformations=[])
+    got = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        data = s[".bin"]
+        data = data.read() if hasattr(data, "read") else bytes(data)
+        got[s["__key__"]] = sample_digest(s["__key__"], data)
+    print(json.dumps(got))
+"""
+
+
+def wids_flockless(sim: Sim) -> tuple[Outcome, Outcome]:
+    """webdataset#386: wids' ULockFile flocks ``<shard>.tar.lock`` in the cache dir."""
+    server, urls, expected = _shard_server(sim, delay=0.1)
+    path, env = sim.shared_dir("nfs-nolock")
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {})):
+        server.reset()
+        results = _readers(sim, WIDS_READER, [json.dumps(urls), str(path / label), str(SHARD_SAMPLES)],
+                           {**env, **extra}, nodes=2, count=2)
+        broken = [r for r in results if _samples(r) != expected]
+        if broken:
+            outcomes.append(Outcome(True, f"{len(broken)}/2 readers: {last_error(broken[0])}"))
+        else:
+            fetches = server.counts()
+            outcomes.append(Outcome(any(n != 1 for n in fetches.values()),
+                                    f"2/2 readers (2 nodes) read all {len(expected)} samples; fetches per shard: "
+                                    f"max {max(fetches.values())}"))
+    return outcomes[0], outcomes[1]
+
+
+WDS_READER = """
+    import json, sys
+    # webdataset runs without torch (its pytorch.py); not importing it spares 8 readers 2 s of CPU each.
+    sys.modules["torch"] = None
+    from sharedfs.testing.shardserver import sample_digest, start_together
+    import webdataset as wds
+    urls, cache, gate = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    ds = wds.WebDataset(urls, cache_dir=cache, shardshuffle=False, empty_check=False)
+    start_together(gate)  # the ranks of one job hit the server at once
+    print(json.dumps({s["__key__"]: sample_digest(s["__key__"], s["bin"]) for s in ds}))
+"""
+
+
+def webdataset_duplicates(sim: Sim) -> tuple[Outcome, Outcome]:
+    """webdataset's cache has no lock at all: every reader of a shared cache_dir downloads every shard."""
+    server, urls, expected = _shard_server(sim, delay=0.3)
+    # GPFS-like (flock excludes within a node only) under FUSE; ENOLCK NFS under the fallback.
+    path, env = sim.shared_dir("localflock" if sim.fuse else "nfs-nolock")
+    nodes = 2 if sim.fuse else 1
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {})):
+        server.reset()
+        (path / label).mkdir()  # webdataset refuses a cache_dir that does not exist
+        results = _readers(sim, WDS_READER, [json.dumps(urls), str(path / label)], {**env, **extra},
+                           nodes=nodes, count=8)
+        fetches = [server.counts().get(name, 0) for name in server.shard_names()]
+        where = f"8 readers on {nodes} node{'s' if nodes > 1 else ''}"
+        broken = [r for r in results if _samples(r) != expected]
+        evidence = f"{where}: fetches per shard: mean {sum(fetches) / len(fetches):.1f}, max {max(fetches)}"
+        if broken:  # seen here: the shard missing right after the readers' concurrent renames onto it
+            error = last_error(broken[0]).replace(f"{path}/", "")
+            evidence += f"; {len(broken)}/8 readers crashed: {error[:100]}"
+        outcomes.append(Outcome(bool(broken) or any(n != 1 for n in fetches), evidence))
+    return outcomes[0], outcomes[1]
+
+
+# -- the node-local-cache broadcast trap ----------------------------------------------------------
+
+#: Each simulated node mounts its own tmpfs at the *same* path in its own mount namespace: a real
+#: node-local /tmp (same path on every node, different content), which one machine cannot imitate
+#: with plain directories.
+PRIVATE_TMPFS = 'mount -t tmpfs -o mode=1777 sharedfs-node-local "$0" && exec "$@"'
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+PICKLE = """
+    import json, pickle, sys
+    import datasets
+    datasets.disable_progress_bars()
+    mode, data, blob = sys.argv[1:4]
+    if mode == "send":  # node A: prepare, then what broadcast_object_list does to a Dataset
+        ds = datasets.load_dataset("json", data_files=data, split="train")
+        open(blob, "wb").write(pickle.dumps(ds))
+        sys.exit()
+    ds = pickle.loads(open(blob, "rb").read())  # node B
+    print(len(ds))
+"""
+
+
+def _on_node(prefix: list[str], node: str, root: Path, env: dict[str, str],
+             *args: str) -> subprocess.CompletedProcess[str]:
+    """Run PICKLE on ``node``: its own mount namespace with a private tmpfs at ``root``."""
+    argv = [*prefix, "sh", "-c", PRIVATE_TMPFS, str(root), sys.executable, "-c", textwrap.dedent(PICKLE), *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=90, check=False,
+                              env={**env, "SHAREDFS_NODE_ID": node})
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, -9, "", f"hung: killed after {exc.timeout:.0f} s")
+
+
+def broadcast_trap(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Node A prepares a Dataset in its node-local cache and sends it pickled; node B cannot open it."""
+    prefix = _unshare("--mount", "--propagation", "private")
+    data = _jsonl(sim)
+    outcomes = []
+    for label, extra in (("plain", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {"SHAREDFS_CACHE": "node-local"})):
+        root = sim.work / f"node-local-{label}"
+        root.mkdir()
+        blob = sim.work / f"dataset-{label}.pickle"
+        env = {**sim.base_env, **OFFLINE, **extra, "SHAREDFS_CACHE_ROOT": str(root), "HF_HOME": str(root / "hf_home")}
+        if label == "plain":  # the user's own node-local cache, as the usual advice for Lustre goes
+            env["HF_DATASETS_CACHE"] = str(root / "hf_datasets")
+        sent = _on_node(prefix, "a", root, env, "send", data, str(blob))
+        if sent.returncode:
+            raise RuntimeError(f"node a could not prepare the dataset: {last_error(sent)}")
+        got = _on_node(prefix, "b", root, env, "receive", data, str(blob))
+        if got.returncode == 0:
+            outcomes.append(Outcome(False, f"node b opened its own copy: {got.stdout.strip()} rows"))
+            continue
+        error = last_error(got)
+        full = next((line for line in reversed(got.stderr.splitlines()) if "NodeLocalDatasetError:" in line), "")
+        explained = all(needed in full for needed in (
+            "does not exist on this node (b)", "pickles its Arrow data as a file path", "SHAREDFS_CACHE=shared",
+            "main_process_first(per_node=True)"))
+        if explained:
+            # Still an error, but the explanatory one (cause and both fixes) instead of a bare missing
+            # path: counted as fixed, and the evidence says so.
+            outcomes.append(Outcome(False, "explanatory error (counted as fixed): NodeLocalDatasetError: node b "
+                                           "cannot open node a's node-local Arrow file; names the cause (pickled "
+                                           "as a path) and both fixes (shared cache, one preparer per node)"))
+        else:
+            outcomes.append(Outcome(True, f"node b: {error}"))
+    return outcomes[0], outcomes[1]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    field_report: str  # public threads (keys of REFERENCES) or the project's own docs
+    run: Callable[[Sim], tuple[Outcome, Outcome]]
+    needs_fuse: bool = False
+    #: Modules the scenario's programs import (checked in this interpreter before it runs).
+    needs: tuple[str, ...] = ()
+    #: What the scenario shows, in one sentence (the HTML/Markdown report).
+    story: str = ""
+
+
+SCENARIOS = (
+    Scenario("datasets, Lustre without -o flock (ENOSYS)", "datasets#6395", datasets_enosys, needs=("datasets",),
+             story=f"Hugging Face datasets with {OLD_FILELOCK} (cluster images often pin one before 3.24) on a "
+                   "filesystem whose flock answers ENOSYS."),
+    Scenario("datasets, NFS without lockd (ENOLCK)", "datasets#1672", datasets_enolck, needs=("datasets",),
+             story="datasets on an NFS mount whose lock daemon is not running: every lock call answers ENOLCK."),
+    Scenario("flock that excludes one node only (GPFS, localflock)", "filelock#389", node_local_flock, True,
+             story="8 processes on 2 nodes increment one counter under filelock.FileLock; flock succeeds but "
+                   "excludes only processes on the same node."),
+    Scenario("8 ranks makedirs on a lagging filesystem", "lingua#49", makedirs_race, True,
+             story="8 ranks on 2 nodes create one run directory while the metadata cache lags 2 s."),
+    Scenario("rank 0 made a dir, other node waits 1 s", "OLMo#829", visibility_timeout, True,
+             story="Rank 0 creates a directory; another node waits a fixed second for it to appear."),
+    Scenario("lock of a killed job on another node", "srt-slurm#251, modelscope#1778", stale_lock,
+             story="A job on node A is killed while it holds an existence lock; the rerun on node B wants it."),
+    Scenario("a live lock is never broken", "docs/troubleshooting.md", live_lock,
+             story=f"Two containers with one host name but separate PID namespaces (one pod; or nodes whose "
+                   f"containers share a name), {OLD_FILELOCK}: A holds an existence lock and works on, B wants it "
+                   "and must wait, never break it."),
+    Scenario("wids cache on storage without flock (ENOLCK)", "webdataset#386", wids_flockless,
+             needs=("wids", "torch"),
+             story="2 wids readers on 2 nodes share a cache directory on NFS without lockd."),
+    Scenario("8 webdataset readers share one cache_dir", "webdataset#386", webdataset_duplicates,
+             needs=("webdataset",),
+             story="8 webdataset readers on 2 nodes share one cache_dir on network storage."),
+    Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
+             broadcast_trap, needs=("datasets",),
+             story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
+)
