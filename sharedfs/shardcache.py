@@ -679,6 +679,8 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
         return False
     current = _current(policy)
     cache_dir = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(cache_dir):
+        forget(cache_dir)  # the cache was removed while this process used it: make it (and its tree) again
     lay, claims = _tree(cache_dir, "claims", current)
     name = os.path.basename(dest)
     shard_key = key(name)
@@ -691,7 +693,7 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
         # published it (and the name is not visible here yet: lagging metadata) or died
         # mid-download.  Only the claim, created O_EXCL, can tell us which.
         seen = _claim_state(claim_path)
-        if seen is not None and seen.kind == "published" and _published_visible(dest, seen):
+        if seen is not None and seen.kind == "published" and _published_visible(dest, seen, current):
             return False
         _remove_downloads(lay, shard_key)  # holding the lock: any partial of this shard is a dead one's
         _unlink(claim_path)
@@ -801,13 +803,15 @@ def _claim_state(claim: str) -> HolderRecord | None:
     return record
 
 
-def _published_visible(dest: str, record: HolderRecord) -> bool:
-    """Wait (bounded) for a shard another process published to become visible here."""
+def _published_visible(dest: str, record: HolderRecord, policy: Policy) -> bool:
+    """Wait (bounded) for a shard another node published to become visible here."""
     from .dirs import wait_for
 
     remaining = LAG_BOUND - (time.time() - record.acquired_at)
-    if remaining <= 0:
-        return os.path.exists(dest)  # published long ago and gone now: removed by hand
+    # Lagging metadata hides other nodes' new files, never this node's own: a shard published
+    # here and missing now was removed (the cache deleted and made again, say), so do not wait.
+    if remaining <= 0 or (record.node == policy.node_id and policy.node_id_trusted):
+        return os.path.exists(dest)
     try:
         wait_for(dest, timeout=remaining, what=f"shard {dest}")
     except WaitTimeout:

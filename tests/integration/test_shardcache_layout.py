@@ -219,3 +219,37 @@ def test_a_cache_that_is_a_mount_point_keeps_its_tree_inside(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert f"{cache} is a mount point" in proc.stderr
     assert not (tmp_path / ".cache.sharedfs").exists()
+
+
+# A user's reader: every shard once, through webdataset's cache.
+READ_ALL = textwrap.dedent("""
+    import json, sys
+    import webdataset.cache as cache
+    fc = cache.FileCache(cache_dir=sys.argv[1])
+    for url in json.loads(sys.argv[2]):
+        fc.get_file(url)
+""")
+
+
+def test_removing_the_cache_but_not_its_hidden_sibling_costs_nothing(tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    make_shards(tmp_path / "src", count=8, samples=1, size=512)
+    cache = tmp_path / "cache"
+    with ShardServer(tmp_path / "src") as server:
+        urls = json.dumps(server.urls(server.shard_names()))
+        timings = []
+        for _ in range(2):  # the second run right after `rm -r cache`, which leaves .cache.sharedfs behind
+            server.reset()
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-c", READ_ALL, str(cache), urls], check=False, capture_output=True,
+                                  text=True, timeout=300, env=clean_env({"SHAREDFS_STRICT": "1"}))
+            timings.append(time.monotonic() - started)
+            assert proc.returncode == 0, proc.stderr
+            assert server.counts() == {name: 1 for name in server.shard_names()}
+            shutil.rmtree(cache)
+    print(f"first run {timings[0]:.1f} s, after rm -r {timings[1]:.1f} s")
+    # The claims still say "published"; they were published on this node, where lagging metadata
+    # cannot hide a shard, so nobody waits LAG_BOUND (60 s) for shards that are gone.
+    assert timings[1] < timings[0] + 10
