@@ -52,8 +52,9 @@ from typing import Any
 from sharedfs._policy import Layer, Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.identity import ProcessIdentity
+from sharedfs.publish import publish
 from sharedfs.records import HolderRecord
-from sharedfs.safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
+from sharedfs.safefile import NOFOLLOW, read_untrusted
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -541,25 +542,13 @@ def _read_cache(path: str, key: str) -> tuple[float, SlurmFacts] | None:
 
 
 def _write_cache(directory: str, path: str, key: str, expires: float, facts: SlurmFacts) -> None:
-    """Publish atomically: a unique temporary file, then rename over the old answer."""
+    """Publish the answer whole (sharedfs.publish): the node's other ranks read it at any moment."""
     data = json.dumps({"key": key, "expires": expires, "facts": facts.to_json()}, separators=(",", ":"),
-                      ensure_ascii=False).encode()
-    tmp = os.path.join(directory, f".{key}.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}")
+                      ensure_ascii=False)
     try:
-        fd = create_exclusive(tmp, 0o600)
+        publish(path, data, perm=0o600, durable=False)  # node-local memory: nothing to make durable
     except OSError:
-        return
-    try:
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass  # a cache: the next rank asks the scheduler itself
 
 
 def _flock(path: str, deadline: float) -> int | None:

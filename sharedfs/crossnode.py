@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import choices, oslocks, runtime
+from .publish import publish
 
 __all__ = ["CrossNodeError", "run"]
 
@@ -63,9 +64,8 @@ class _Meeting:
             return []
 
     def post(self, name: str, data: Any = None) -> None:
-        tmp = self.dir / f".tmp-{self.node}-{os.getpid()}"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.dir / f"{name}@{self.node}")
+        # Whole or not at all: other nodes poll for the name and read it at once.
+        publish(self.dir / f"{name}@{self.node}", json.dumps(data), durable=False)
 
     def gather(self, name: str) -> dict[str, Any]:
         """Wait until every node posted ``name``; returns {node: data}."""

@@ -29,12 +29,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import tempfile
 from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
+from sharedfs.publish import Publication, publish
 from sharedfs._policy import Policy
 from sharedfs.shim import Shim, ShimContext
 
@@ -218,94 +218,34 @@ def make_mkdir_or_exist(original: Callable[..., None]) -> Callable[..., None]:
 # -- atomic publication ---------------------------------------------------------------------------
 
 
-def _temp_beside(path: str) -> tuple[int, str]:
-    directory, base = os.path.split(os.path.abspath(path))
-    # A unique name per process and call: a pid-only suffix collides across nodes (webdataset's
-    # ".temp{pid}"), and the dot prefix keeps it out of mmengine's iter_*.pth globbing.
-    return tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-
-
-def _publish(write: Callable[[Any], None], path: str, binary: bool, encoding: str | None = None) -> None:
-    fd, temp = _temp_beside(path)
-    try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding=encoding)) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o666 & ~_umask())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def make_atomic_put(original: Callable[..., None], mode: str) -> Callable[..., None]:
-    """``LocalBackend.put`` (``mode="wb"``) / ``put_text`` (``"w"``): a unique temp file renamed into place."""
+    """``LocalBackend.put`` (``mode="wb"``) / ``put_text`` (``"w"``): published whole (sharedfs.publish)."""
 
-    def publish(obj: Any, filepath: Any, encoding: str | None) -> None:
-        import mmengine
+    def put_whole(obj: Any, filepath: Any, encoding: str | None) -> None:
+        import mmengine  # loaded: this runs inside mmengine's own backend
 
         path = os.fspath(filepath)
         mmengine.mkdir_or_exist(os.path.dirname(path))
-        _publish(lambda f: f.write(obj), path, binary=encoding is None, encoding=encoding)
+        publish(path, obj, encoding)
 
     if mode == "wb":
         @functools.wraps(original)
         def put(self: Any, obj: bytes, filepath: Any) -> None:
-            publish(obj, filepath, None)
+            put_whole(obj, filepath, None)
 
         return put
 
     @functools.wraps(original)
     def put_text(self: Any, obj: str, filepath: Any, encoding: str = "utf-8") -> None:
-        publish(obj, filepath, encoding)
+        put_whole(obj, filepath, encoding)
 
     return put_text
 
 
-class _AtomicTextFile:
-    """What ``open(path, "w")`` returns for ``last_checkpoint``: renamed into place on close."""
-
-    def __init__(self, path: str, encoding: str | None) -> None:
-        self._path = path
-        fd, self._temp = _temp_beside(path)
-        self._file = os.fdopen(fd, "w", encoding=encoding)
-
-    def write(self, text: str) -> int:
-        return self._file.write(text)
-
-    def close(self, publish: bool = True) -> None:
-        if self._file.closed:
-            return
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        if publish:
-            os.chmod(self._temp, 0o666 & ~_umask())
-            os.replace(self._temp, self._path)
-        else:
-            os.unlink(self._temp)
-
-    def __enter__(self) -> _AtomicTextFile:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.close(publish=exc_type is None)
-
-
 def atomic_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-    """``open`` for mmengine's checkpoint hook: a plain ``"w"`` write is published atomically."""
+    """``open`` for mmengine's checkpoint hook: a plain ``"w"`` write (``last_checkpoint``) is published whole."""
     if mode == "w" and not args and set(kwargs) <= {"encoding"} and not isinstance(file, int):
-        return _AtomicTextFile(os.fspath(file), kwargs.get("encoding"))
+        return Publication(os.fspath(file), "w", kwargs.get("encoding"))
     return open(file, mode, *args, **kwargs)
 
 
