@@ -83,7 +83,7 @@ def write_markdown(results: dict[str, tuple[list[dict], float, str | None]], inf
         "| benchmark | what | sharedfs | baseline | ratio | goal | met |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, (rows, took, error) in results.items():
+    for name, (rows, _took, error) in results.items():
         if error:
             lines.append(f"| {name} | FAILED: {error} | | | | | no |")
         for row in rows:

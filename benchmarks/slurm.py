@@ -95,8 +95,8 @@ def query_costs(cluster) -> dict:
     from sharedfs.plugins import slurm as plugin
 
     from sharedfs import runtime
-    from sharedfs.locks import HolderRecord
     from sharedfs._policy import Policy  # noqa: F401 - the hook's type
+    from sharedfs.locks import HolderRecord
 
     job = cluster.sbatch("#!/bin/sh\nsleep 60\n", "-w", "n1")
     cluster.wait_state(job, {"RUNNING"})

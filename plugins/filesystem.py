@@ -182,7 +182,8 @@ def _cephfs(mount: Mount) -> FsInfo:
     # them for every client.
     client = "ceph-fuse" if mount.fstype.lower() != "ceph" else "kernel client"
     return _info(mount, "cephfs", True, COHERENT, COHERENT, True,
-                 f"CephFS ({client}): flock and POSIX locks are granted by the metadata server and exclude across nodes.")
+                 f"CephFS ({client}): flock and POSIX locks are granted by the metadata server and exclude "
+                 "across nodes.")
 
 
 def _cifs(mount: Mount) -> FsInfo:

@@ -42,8 +42,8 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> list[Layer]:
     for setting in SETTINGS:
         raw = environ.get(setting.env, "")
         if len(raw) > MAX_VALUE_CHARS:
-            raise ConfigError(setting.env, raw[:40] + "...", f"at most {MAX_VALUE_CHARS} characters ({setting.expected})",
-                              f"it has {len(raw)}")
+            raise ConfigError(setting.env, raw[:40] + "...",
+                              f"at most {MAX_VALUE_CHARS} characters ({setting.expected})", f"it has {len(raw)}")
         if raw.strip():  # an exported-but-empty variable means "not set", as in most tools
             values[setting.name] = raw
             origins[setting.name] = setting.env

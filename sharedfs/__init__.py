@@ -19,7 +19,6 @@ Public API::
 
 import os as _os
 
-
 # In a source checkout (editable install, or PYTHONPATH pointing at the repo) the
 # ``plugins/`` and ``shims/`` directories sit beside this package instead of inside
 # it; a wheel installs them as ``sharedfs/plugins`` and ``sharedfs/shims``.  In a

@@ -266,7 +266,8 @@ def format_report(report: dict[str, Any]) -> str:
         if name == "visibility":
             detail = ", ".join(f"{n} after {s:.2f} s" for n, s in probe["seconds_until_seen"].items())
         elif name == "o_excl":
-            detail = f"{probe['won_here']} of {EXCL_NAMES} names won here; double winners: {probe['double_winners'] or 'none'}"
+            doubles = probe["double_winners"] or "none"
+            detail = f"{probe['won_here']} of {EXCL_NAMES} names won here; double winners: {doubles}"
         lines.append(f"  {name:<11} {probe['result']:<12} {detail}")
     if "verdict" in report:
         v = report["verdict"]

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
     from .fsinfo import FsInfo, Mount
     from .identity import ProcessIdentity
     from .records import HolderRecord
-    from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
     from .shim import Shim
 
 #: One name for the hook prefix, the pluggy project and the entry-point group.

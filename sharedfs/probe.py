@@ -50,7 +50,6 @@ The checks (:data:`CHECKS`):
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import select

@@ -13,8 +13,8 @@ so ``unpatch`` restores exactly what was there (the OpenTelemetry
 from __future__ import annotations
 
 import sys
-from types import ModuleType
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
 from ._policy import CachePlacement, Policy

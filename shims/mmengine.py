@@ -32,10 +32,10 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
+from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.log import decision
 from sharedfs.publish import Publication, publish
-from sharedfs._policy import Policy
 from sharedfs.shim import Shim, ShimContext
 
 #: The name users write in ``custom_hooks=[dict(type="SharedFSHook")]``.
@@ -43,8 +43,9 @@ HOOK_NAME = "SharedFSHook"
 #: The policy settings ``SharedFSHook`` accepts as keyword arguments.
 HOOK_SETTINGS = ("lock", "cache", "cache_root", "max_workers", "wait_timeout")
 
+# SharedFSHook is provided by the module __getattr__ below (built on first access).
 __all__ = ["HOOK_NAME", "HOOK_SETTINGS", "MmengineCheckpointHookShim", "MmengineRunnerShim", "MmengineShim",
-           "SharedFSHook"]
+           "SharedFSHook"]  # noqa: F822
 
 _hook_class: type | None = None
 

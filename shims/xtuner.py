@@ -116,9 +116,8 @@ def _cache_is_node_local(policy: Policy) -> tuple[bool, str]:
 
 
 def _distributed_prepare(dist: Any, process: Callable[..., Any], args: tuple, kwargs: dict, policy: Policy) -> Any:
-    from mmengine.logging import print_log
-
     import datasets.config  # noqa: F401 - process() needs it anyway; _cache_is_node_local reads it
+    from mmengine.logging import print_log
 
     timeout = timeout_from_env()
     print_log(f"xtuner_dataset_timeout = {timeout}", logger="current")
@@ -173,7 +172,8 @@ def _monitored_barrier(dist: Any, group: Any, timeout: timedelta, preparers: lis
     try:
         dist.monitored_barrier(group=group, timeout=timeout)
     except RuntimeError as exc:
-        raise XtunerDatasetTimeout(_timeout_message(str(exc), timeout, preparers, nodes, table, dist.get_rank())) from exc
+        message = _timeout_message(str(exc), timeout, preparers, nodes, table, dist.get_rank())
+        raise XtunerDatasetTimeout(message) from exc
 
 
 def _late_ranks(error: str, me: int) -> list[int]:

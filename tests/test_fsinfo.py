@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from sharedfs.plugins import filesystem, locking
-from sharedfs._policy import resolve
-
-
-def _safe(info: FsInfo) -> str | None:
-    """The native lock the one lock decision (plugins/locking.py) picks under lock=auto, or None (existence lock)."""
-    kind = locking.decide(info, resolve([])).kind
-    return kind if kind in locking.NATIVE else None
 
 from sharedfs import hookspecs
+from sharedfs._policy import resolve
 from sharedfs.fsinfo import (
     MAGIC,
     FsInfo,
@@ -35,6 +28,14 @@ from sharedfs.fsinfo import (
     parse_mountinfo,
     statfs_magic,
 )
+from sharedfs.plugins import filesystem, locking
+
+
+def _safe(info: FsInfo) -> str | None:
+    """The native lock the one lock decision (plugins/locking.py) picks under lock=auto, or None (existence lock)."""
+    kind = locking.decide(info, resolve([])).kind
+    return kind if kind in locking.NATIVE else None
+
 
 SAMPLE = r"""
 27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard

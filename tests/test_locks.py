@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import filelock
 import pytest
-
-import sharedfs
 from conftest import clean_env
 from locktools import run_workers
+
+import sharedfs
 
 HOLD = """
 import sys, time, sharedfs

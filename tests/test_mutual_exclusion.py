@@ -17,9 +17,9 @@ from pathlib import Path
 
 import filelock
 import pytest
+from conftest import clean_env
 
 import sharedfs
-from conftest import clean_env
 
 WORKER = str(Path(__file__).with_name("mxworker.py"))
 

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sharedfs.plugins import slurm as plugin
 
 from sharedfs._policy import resolve
+from sharedfs.plugins import slurm as plugin
 from sharedfs.records import HolderRecord
 
 FAKE_SQUEUE = """#!/bin/sh

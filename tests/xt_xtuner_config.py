@@ -9,15 +9,15 @@ from mmengine.hooks import CheckpointHook, IterTimerHook, LoggerHook, ParamSched
 from mmengine.optim import OptimWrapper
 from torch.optim import AdamW
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from sharedfs.shims.mmengine import SharedFSHook
+from xt_toy import XtProbeHook
 from xtuner.dataset import process_hf_dataset
 from xtuner.dataset.collate_fns import default_collate_fn
 from xtuner.dataset.map_fns import alpaca_map_fn, template_map_fn_factory
 from xtuner.engine.runner import TrainLoop
 from xtuner.model import SupervisedFinetune
 from xtuner.utils import PROMPT_TEMPLATE
-from xt_toy import XtProbeHook
+
+from sharedfs.shims.mmengine import SharedFSHook
 
 pretrained_model_name_or_path = "@MODEL_DIR@"
 alpaca_path = "@DATA@"

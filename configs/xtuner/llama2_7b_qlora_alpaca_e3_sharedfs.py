@@ -4,7 +4,8 @@
 #   pip install sharedfs            # in the job's environment; every process then applies the policy
 #   xtuner train llama2_7b_qlora_alpaca_e3_sharedfs.py --launcher slurm   (see ../slurm/xtuner_train.sbatch)
 #
-# Do not set HF_DATASETS_CACHE=/tmp/... for a multi-node job (the usual advice for flock-less storage): XTuner broadcasts the
+# Do not set HF_DATASETS_CACHE=/tmp/... for a multi-node job (the usual advice for flock-less
+# storage): XTuner broadcasts the
 # prepared dataset, and a node-local path breaks the other nodes (FileNotFoundError).  Choose the cache
 # placement here instead; sharedfs then prepares once per node when the cache is node-local.
 import torch
@@ -19,9 +20,11 @@ from mmengine.hooks import (
 )
 from mmengine.optim import AmpOptimWrapper, CosineAnnealingLR, LinearLR
 from peft import LoraConfig
+
+# sharedfs: the hook class (XTuner's pure-Python configs pass classes, not registry strings).
+from sharedfs.shims.mmengine import SharedFSHook
 from torch.optim import AdamW
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
-
 from xtuner.dataset import process_hf_dataset
 from xtuner.dataset.collate_fns import default_collate_fn
 from xtuner.dataset.map_fns import alpaca_map_fn, template_map_fn_factory
@@ -34,9 +37,6 @@ from xtuner.engine.runner import TrainLoop
 from xtuner.model import SupervisedFinetune
 from xtuner.parallel.sequence import SequenceParallelSampler
 from xtuner.utils import PROMPT_TEMPLATE, SYSTEM_TEMPLATE
-
-# sharedfs: the hook class (XTuner's pure-Python configs pass classes, not registry strings).
-from sharedfs.shims.mmengine import SharedFSHook
 
 #######################################################################
 #                          PART 1  Settings                           #

@@ -116,7 +116,7 @@ class SharedFSLockMixin:
 
     @property
     def marker(self) -> str:
-        """The existence marker this lock creates while held (existence kinds, and native kinds on shared filesystems)."""
+        """The existence marker this lock creates while held (existence kinds; native ones on shared filesystems)."""
         return self._sharedfs().target.marker
 
     # -- filelock's two methods -----------------------------------------------------------------

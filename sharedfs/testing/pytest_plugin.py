@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Union
 
 import pytest
 

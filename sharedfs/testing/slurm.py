@@ -161,7 +161,7 @@ class SlurmCluster:
             return ""
 
     def job_state(self, job_id: str) -> str:
-        """The job's state as ``squeue`` names it (``PENDING``, ``RUNNING``, ``CANCELLED``...); ``UNKNOWN`` if purged."""
+        """The job's state as ``squeue`` names it (``PENDING``, ``RUNNING``, ...); ``UNKNOWN`` if purged."""
         proc = self.run("squeue", "-h", "--states=all", "-j", job_id, "-o", "%T", check=False)
         state = proc.stdout.strip()
         return state.split()[0] if proc.returncode == 0 and state else "UNKNOWN"
@@ -369,7 +369,7 @@ class SlurmCluster:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + timeout
-        for name, pid in order:
+        for _name, pid in order:
             while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and not _is_zombie(pid):
                 time.sleep(0.05)
             if os.path.exists(f"/proc/{pid}") and not _is_zombie(pid):

@@ -15,7 +15,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_env
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_env
 
 CHECKS = str(Path(__file__).parents[1] / "contract_checks.py")

@@ -106,8 +106,8 @@ def test_unmount_with_a_caller_stuck_in_a_lock_leaves_no_mount(hostile_mount, no
 
 def test_server_unmounts_when_the_test_process_dies(tmp_path):
     """A killed test run must not leave a stale mount behind."""
-    from sharedfs.testing.pytest_plugin import skip_or_fail
     from sharedfs.testing import fuse_available
+    from sharedfs.testing.pytest_plugin import skip_or_fail
 
     ok, reason = fuse_available()
     if not ok:

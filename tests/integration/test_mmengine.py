@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from conftest import clean_env, require
+
 from sharedfs.testing.nodes import NodeResult, run_on_nodes
 
 for _name in ("torch", "mmengine"):

@@ -253,9 +253,8 @@ def test_a_killed_steps_lock_is_broken_while_its_job_runs_on(slurm_cluster: Slur
 
     Per-job liveness would have waited step 1 out until its timeout: the job is still running.
     """
-    from sharedfs.plugins import slurm as plugin
-
     from sharedfs._policy import resolve
+    from sharedfs.plugins import slurm as plugin
     from sharedfs.records import HolderRecord
 
     shared = tmp_path / "shared"

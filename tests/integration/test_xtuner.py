@@ -24,13 +24,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from conftest import Venv, clean_env, make_venv
+
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
 TESTS = Path(__file__).resolve().parents[1]
