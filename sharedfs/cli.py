@@ -327,16 +327,17 @@ def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any) -> 
     mount = fs.mount
     what = (f"{KIND_NAMES.get(fs.kind, fs.kind)} ({mount.fstype} mounted at {mount.mount_point}), "
             + ("shared between nodes" if fs.shared else "seen by this node only"))
-    locks = (f"flock {_lock_words(fs.flock, fs.flock_errno, results.get('flock', {}), fs.shared)}; "
-             f"POSIX locks {_lock_words(fs.posix, fs.posix_errno, results.get('posix', {}), fs.shared)}; "
-             f"O_EXCL create {'is exclusive' if results.get('o_excl', {}).get('ok', fs.o_excl_atomic) else 'is NOT exclusive'}")
+    exclusive = results.get("o_excl", {}).get("ok", fs.o_excl_atomic)
+    locks = (f"flock: {_lock_words(fs.flock, fs.flock_errno, results.get('flock', {}), fs.shared)}; "
+             f"POSIX locks: {_lock_words(fs.posix, fs.posix_errno, results.get('posix', {}), fs.shared)}; "
+             f"O_EXCL create: {'exclusive' if exclusive else 'NOT exclusive'}")
     across = ""
     if fs.shared:
         across = ("one node cannot see whether a lock excludes other nodes; check with "
                   f"`srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node {path}`")
     names = {"flock": "flock", "posix": "POSIX (fcntl) locks", "soft": "existence (soft) locks",
              "lease": "leases (existence locks renewed while held)"}
-    uses = f"{names.get(choice.kind, choice.kind)}: {choice.reason}"
+    uses = f"{names.get(choice.kind, choice.kind)} ({choice.reason.rstrip('.')})"
     if choice.kind in ("soft", "lease") or choice.marker:
         uses += "; each held lock is marked by <lock>.held with its holder's node, pid and Slurm job"
     return {"filesystem": what, "locks": locks, "across_nodes": across, "sharedfs": uses,
@@ -524,10 +525,23 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def doctor_sections(paths: list[str]) -> list[tuple[str, list[str]]]:
+    """``sharedfs doctor`` of ``paths`` as (path, text lines), for the demo's report; a failed probe says why."""
+    sections = []
+    for path in paths:
+        try:
+            report = doctor_report(path)
+        except Exception as exc:  # noqa: BLE001 - the report must still be written
+            sections.append((path, [f"could not probe: {type(exc).__name__}: {exc}"]))
+            continue
+        sections.append((report["path"], doctor_lines(report)[1:]))
+    return sections
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main(args)
+    return demo_main(args, doctor_sections)
 
 
 if __name__ == "__main__":  # pragma: no cover

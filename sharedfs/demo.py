@@ -25,7 +25,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from .testing.scenarios import (
     OLD_FILELOCK,
@@ -240,21 +240,6 @@ def machine_facts() -> dict[str, str]:
     }
 
 
-def doctor_sections(paths: list[str]) -> list[tuple[str, list[str]]]:
-    """``sharedfs doctor`` of ``paths`` as (path, text lines); a path that cannot be probed says why."""
-    from .cli import doctor_lines, doctor_report
-
-    sections = []
-    for path in paths:
-        try:
-            report = doctor_report(path)
-        except Exception as exc:  # noqa: BLE001 - the report must still be written
-            sections.append((path, [f"could not probe: {type(exc).__name__}: {exc}"]))
-            continue
-        sections.append((report["path"], doctor_lines(report)[1:]))
-    return sections
-
-
 def _link(refs: str) -> str:
     parts = []
     for ref in (part.strip() for part in refs.split(",")):
@@ -287,7 +272,8 @@ def render_html(results: list[Result], mode: str, doctor: list[tuple[str, list[s
 <html lang="en"><head><meta charset="utf-8"><title>sharedfs demo on {esc(facts['host'])}</title>
 <style>
 body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }} td, th {{ border: 1px solid #ccc; padding: .4em; vertical-align: top; }}
+table {{ border-collapse: collapse; width: 100%; }}
+td, th {{ border: 1px solid #ccc; padding: .4em; vertical-align: top; }}
 th {{ background: #f3f3f3; text-align: left; }} .bad {{ background: #fde8e8; }} .good {{ background: #e6f6e6; }}
 .skip {{ color: #666; background: #f8f8f8; }} pre {{ background: #f6f6f6; padding: .6em; overflow-x: auto; }}
 small {{ color: #555; }}
@@ -338,7 +324,11 @@ def render_markdown(results: list[Result], mode: str, doctor: list[tuple[str, li
     return "\n".join(lines) + "\n"
 
 
-def main(args: Any) -> int:
+#: ``sharedfs doctor`` of some paths, as (path, text lines): given by the command line, which owns doctor.
+DoctorSections = Callable[[list[str]], list[tuple[str, list[str]]]]
+
+
+def main(args: Any, doctor_sections: DoctorSections | None = None) -> int:
     as_json = getattr(args, "json", False)
     only = getattr(args, "only", None)
     chosen = [s for s in SCENARIOS if not only or any(o.lower() in s.name.lower() for o in only)]
@@ -356,7 +346,8 @@ def main(args: Any) -> int:
         return 130
     html_path, md_path = getattr(args, "html", None), getattr(args, "markdown", None)
     if html_path or md_path:
-        doctor = doctor_sections(getattr(args, "doctor", None) or [os.getcwd()])
+        paths = getattr(args, "doctor", None) or [os.getcwd()]
+        doctor = doctor_sections(paths) if doctor_sections else []
         for path, text in ((html_path, render_html(results, mode, doctor) if html_path else ""),
                            (md_path, render_markdown(results, mode, doctor) if md_path else "")):
             if path:

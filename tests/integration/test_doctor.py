@@ -42,7 +42,7 @@ def test_local_disk_is_healthy(tmp_path: Path) -> None:
     assert all(result["ok"] for result in report["probes"]["results"].values())
     assert report["lock"]["kind"] == "flock" and report["warnings"] == []
     text = doctor(str(tmp_path)).stdout
-    assert "probe flock_excludes ok" in text and "  sharedfs   : flock: flock is reliable on local" in text
+    assert "probe flock_excludes ok" in text and "  sharedfs   : flock (flock is reliable on local" in text
     assert "  better     : nothing: storage only this node sees" in text
     assert "exclude each other here" in report["verdict"]["without_sharedfs"]
 
