@@ -373,13 +373,25 @@ def _create_tree(target: str, cache_st: os.stat_result) -> bool:
 
 
 def _mirror(path: str, cache_st: os.stat_result) -> None:
-    """Give ``path`` the cache's group and permissions: whoever may fill the cache may coordinate."""
+    """Give the directory ``path`` (just made by us) the cache's group and permissions.
+
+    Whoever may fill the cache may coordinate.  Through a descriptor, never by name: in a
+    group-writable tree a member could swap the new directory for a symlink to one of ours
+    between our mkdir and a chmod, which would then open up our own directory.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
     try:
-        os.chown(path, -1, cache_st.st_gid)
-    except OSError:
-        pass  # not a member of that group: the directory keeps ours
-    # Never the sticky bit: evictors remove other users' stale markers and claims.
-    os.chmod(path, (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700)
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise UnsafeDirectoryError(f"{path} was replaced right after this process created it; "
+                                       "someone with write access to the cache is interfering")
+        try:
+            os.fchown(fd, -1, cache_st.st_gid)
+        except OSError:
+            pass  # not a member of that group: the directory keeps ours
+        # Never the sticky bit: evictors remove other users' stale markers and claims.
+        os.fchmod(fd, (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700)
+    finally:
+        os.close(fd)
 
 
 def _visible_within(path: str, timeout: float) -> bool:
