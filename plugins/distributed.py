@@ -25,7 +25,8 @@ def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | N
         local_rank = _int(environ, "LOCAL_RANK")
         local_world = _int(environ, "LOCAL_WORLD_SIZE")
         if local_rank is None:  # launched without torchrun: fall back to Slurm's view, else a guess
-            local_rank = _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else rank
+            local_rank = _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else None
+            local_rank = rank if local_rank is None else local_rank
             local_world = local_world or 1
         return ProcessIdentity(rank, world, local_rank, local_world or 1, source="torch.distributed")
     rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")

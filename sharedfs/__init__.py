@@ -19,6 +19,12 @@ Public API::
 
 import os as _os
 
+# Not `typing.TYPE_CHECKING`: importing typing costs every interpreter ~10 ms at start-up; mypy
+# treats a false constant named MYPY as true.
+MYPY = False
+if MYPY:  # pragma: no cover
+    from typing import Any
+
 # In a source checkout (editable install, or PYTHONPATH pointing at the repo) the
 # ``plugins/`` and ``shims/`` directories sit beside this package instead of inside
 # it; a wheel installs them as ``sharedfs/plugins`` and ``sharedfs/shims``.  In a
@@ -59,7 +65,7 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> object:  # PEP 562: import the API on first use
+def __getattr__(name: str) -> "Any":  # PEP 562: import the API on first use
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sharedfs' has no attribute {name!r}")

@@ -127,9 +127,9 @@ def resolve(layers: Iterable[Layer]) -> Policy:
         sources[setting.name] = "default"
     for layer in sorted(layers, key=lambda layer: layer.priority):
         for key, raw in layer.values.items():
-            setting = BY_NAME.get(key)
-            if setting is None:
+            if key not in BY_NAME:
                 raise ConfigError(layer.origin(key), raw, "a known setting: " + ", ".join(BY_NAME))
+            setting = BY_NAME[key]
             try:
                 values[key] = setting.parse(raw)
             except (TypeError, ValueError):

@@ -511,7 +511,7 @@ def _reap(pid: int, timeout: float) -> None:
 
 
 def _read_until(fd: int, deadline: float) -> bytes | None:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:

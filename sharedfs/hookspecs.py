@@ -72,6 +72,7 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> Sequence[Layer]:
     :param environ: the environment to read (normally ``os.environ``).
     :return: zero or more :class:`sharedfs.Layer` objects.
     """
+    raise NotImplementedError  # a specification: pluggy calls the implementations, never this body
 
 
 @hookspec(firstresult=True)
@@ -161,6 +162,7 @@ def sharedfs_register_shims() -> Sequence[Shim]:
     A shim is applied right after its target module has executed.  Block a
     shim by its name with ``SHAREDFS_DISABLE=name``.
     """
+    raise NotImplementedError  # a specification: pluggy calls the implementations, never this body
 
 
 def collect_hook_names() -> list[str]:

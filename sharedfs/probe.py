@@ -65,7 +65,7 @@ if __package__:
     from . import oslocks
 else:  # the probe worker (``python -I -S probe.py``): no site-packages, no autoload, no package
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import oslocks  # stdlib only, like this file
+    import oslocks  # type: ignore[no-redef]  # stdlib only, like this file
 
 __all__ = ["CHECKS", "SCHEMA_VERSION", "probe"]
 

@@ -72,7 +72,7 @@ class Registry:
 
         found = []
         eps = entry_points()
-        group = eps.select(group=NAME) if hasattr(eps, "select") else eps.get(NAME, [])  # Python 3.9
+        group = eps.select(group=NAME) if hasattr(eps, "select") else eps.get(NAME, ())  # type: ignore[arg-type]
         for ep in group:
             dist = getattr(ep, "dist", None)
             meta = (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")

@@ -156,13 +156,15 @@ def _distributed_prepare(dist: Any, process: Callable[..., Any], args: tuple, kw
     # Dataset.shuffle before packing): identical fingerprints, hence identical datasets.
     state = [np.random.get_state() if rank == 0 else None]
     dist.broadcast_object_list(state, src=0, group=group)
+    random_state = state[0]
+    assert random_state is not None  # broadcast from rank 0
     if rank in preparers:
-        np.random.set_state(state[0])
+        np.random.set_state(random_state)
         dataset = process(*args, **kwargs)
     _monitored_barrier(dist, group, timeout, preparers, nodes, table)
     if rank not in preparers:
         # The node's preparer has published every step into this node's cache: this loads it.
-        np.random.set_state(state[0])
+        np.random.set_state(random_state)
         dataset = process(*args, **kwargs)
     return dataset
 

@@ -44,7 +44,7 @@ from ..errors import ConfigError, LockTimeout
 from ..log import decision
 from ..settings import LOCK_KINDS
 from . import _marker
-from ._kinds import DEFAULT_MODE, KINDS, Hold, NativeLockRefused, Target
+from ._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 
 log = logging.getLogger("sharedfs")
 
@@ -67,7 +67,7 @@ class _State:
         decision(f"{owner} locks -> {choice.kind}: {choice.reason}{unpatched}")
         self.guard = threading.Lock()
         self.target = Target(lock_file, mode, policy, choice)
-        self.kind = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
+        self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
         self.holds: dict[int, Hold] = {}
         self.waits = threading.local()  # per thread: when this wait began, next attempt, pause
 

@@ -280,4 +280,5 @@ class Existence:
         drop_marker(hold, self.target)
 
 
-KINDS = {"flock": Native, "posix": Native, "soft": Existence, "lease": Existence}
+KINDS: dict[str, type[Native] | type[Existence]] = {"flock": Native, "posix": Native, "soft": Existence,
+                                                   "lease": Existence}

@@ -76,7 +76,7 @@ class NodeResult(NamedTuple):
     stdout: str
     stderr: str
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # the process's index on its node (shadows tuple.index)
 
 
 class NodesTimeout(TimeoutError):
