@@ -1,14 +1,14 @@
 """A shard cache that many processes on many nodes fill, read and evict at once.
 
 Used by the webdataset and wids shims (and usable directly).  What goes wrong
-without it (failures.md section 2): webdataset 1.0's ``FileCache`` has no lock,
-so every worker of every node downloads the same shard, into a temp name
-``dest + ".temp{pid}"`` that collides across nodes; its ``LRUCleanup`` runs in
-every process and deletes files others are about to open.  wids' ``ULockFile``
-unlinks its lock file on release, which splits waiters across inodes and, on
-NFS/FUSE, raises ``FileNotFoundError: ....tar.lock`` (webdataset#386); it
-downloads straight to the final name, so a killed download leaves a truncated
-shard that later readers trust.
+without it: webdataset 1.0's ``FileCache`` has no lock, so every worker of
+every node downloads the same shard, into a temp name ``dest + ".temp{pid}"``
+that collides across nodes; its ``LRUCleanup`` runs in every process and
+deletes files others are about to open.  wids' ``ULockFile`` unlinks its lock
+file on release, which splits waiters across inodes and, on NFS/FUSE, raises
+``FileNotFoundError: ....tar.lock`` (webdataset#386); it downloads straight to
+the final name, so a killed download leaves a truncated shard that later
+readers trust.
 
 Layout
 ------

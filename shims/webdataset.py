@@ -1,7 +1,7 @@
 """webdataset: one download per shard per cache, no partial shards, in-use-safe eviction, sane worker counts.
 
 What ``WebDataset(urls, cache_dir=...)`` does in webdataset 1.0.x (and 0.2.x,
-whose ``cache.py`` has the same shape) on a cluster (failures.md section 2):
+whose ``cache.py`` has the same shape) on a cluster (webdataset#386):
 
 * ``FileCache.get_file`` checks ``os.path.exists(dest)`` with no lock, so every
   DataLoader worker of every node that misses downloads the same shard;

@@ -1,7 +1,6 @@
 """wids: no ``.tar.lock`` race, no partial shards, cache placement by policy, in-use-safe cleanup.
 
-What wids 0.1.x (and the copy bundled in webdataset 0.2.x) does on a cluster
-(failures.md section 2, seed 001):
+What wids 0.1.x (and the copy bundled in webdataset 0.2.x) does on a cluster:
 
 * ``download_and_open`` takes ``ULockFile(local + ".lock")``: ``open``, ``flock``,
   and ``unlink`` on release.  The unlink splits waiters across inodes (no

@@ -277,7 +277,7 @@ def test_node_local_placement_version_gate_and_unpatch(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     before, after = _last_json(proc.stdout)
     placed = str(tmp_path / f"sharedfs-{os.getuid()}" / "nojob" / "wids")
-    # Plain wids' default is the predictable, shared /tmp/_wids_cache (failures.md section 5).
+    # Plain wids' default is the predictable /tmp/_wids_cache, shared by every user of the node.
     assert before == [placed, "SharedFSLockFile", True, "0.1.11", True]
     assert after == ["/tmp/_wids_cache", "ULockFile", "wids.wids_dl", False]
     assert f"wids default cache -> {placed}" in proc.stderr
