@@ -135,8 +135,9 @@ def make_file_cache(cache: ModuleType, cleanup: type, policy: Policy) -> type:
             if cache_dir is not None and policy.cache == "node-local":
                 decision(f"webdataset cache stays at {cache_dir}: cache_dir= (or WDS_CACHE) was given "
                          "(an explicit user setting wins over SHAREDFS_CACHE=node-local)")
-            if self.cleaner is not None and not isinstance(self.cleaner, cleanup):
-                old = self.cleaner  # a subclass that bound the original LRUCleanup before we patched it
+            old: Any = getattr(self, "cleaner", None)
+            if old is not None and not isinstance(old, cleanup):
+                # A subclass that bound the original LRUCleanup before we patched it.
                 self.cleaner = cleanup(old.cache_dir, old.cache_size, verbose=old.verbose, interval=old.interval)
 
         def _open(self, url: str) -> tuple[Any, str, Any]:

@@ -63,12 +63,12 @@ class WidsShim(Shim):
     cache_env = "WIDS_CACHE"
     cache_default = "/tmp/_wids_cache"
 
-    @property  # type: ignore[override]
-    def distribution(self) -> str:
+    @property
+    def distribution(self) -> str:  # type: ignore[override]
         return _distribution()
 
-    @property  # type: ignore[override]
-    def supported(self) -> str:
+    @property
+    def supported(self) -> str:  # type: ignore[override]
         return SUPPORTED[self.distribution]
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
