@@ -21,6 +21,8 @@ from conftest import clean_env
 import sharedfs
 
 WORKER = str(Path(__file__).with_name("mxworker.py"))
+#: filelock >= 4 resets a forked child's locks; earlier releases leave the child "holding" them.
+FILELOCK_HANDLES_FORK = hasattr(filelock.BaseFileLock, "_reset_after_fork_in_child")
 
 
 class Client:
@@ -70,7 +72,9 @@ def test_a_native_lock_refused_in_one_process_only_never_makes_two_holders(tmp_p
     assert stock_holder.line()[0] == "held"
     stock = _try(lock_file, "stock-flock", 1, env=broken)
     stock_holder.release()
-    assert stock[0] == "timeout" and "No locks available" in " ".join(stock)  # baseline: loud, never two holders
+    # Baseline: never two holders -- filelock >= 3.20 raises "No locks available", older releases
+    # mistake ENOLCK for contention and time out.
+    assert stock[0] == "timeout", stock
 
     holder = Client(lock_file, "auto", "hold", env=nfs)
     held = holder.line()
@@ -127,8 +131,13 @@ def test_a_forked_child_neither_releases_nor_holds_its_parents_lock(tmp_path: Pa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(env))
     try:
         state = json.loads(proc.stdout.readline() or "null") or pytest.fail(proc.stderr.read())
-        assert state == {"child_believed_it_held": False, "parent_holds": True,
-                         "marker_after_child": kind != "flock" or os.path.exists(f"{lock_file}.held")}
+        right = {"child_believed_it_held": False, "parent_holds": True,
+                 "marker_after_child": kind != "flock" or os.path.exists(f"{lock_file}.held")}
+        if kind == "stock-soft" and not FILELOCK_HANDLES_FORK:
+            # filelock < 4 (what Python 3.9 gets): the child believes it holds its parent's lock and
+            # its release deletes the parent's marker -- the failure sharedfs must not repeat.
+            right = {**right, "child_believed_it_held": True, "marker_after_child": False}
+        assert state == right
         if kind != "stock-soft":
             other = _try(lock_file, kind, 0.5)
             assert other[0] == "timeout"  # the parent still excludes everyone
