@@ -31,11 +31,11 @@ def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlac
         writable_by_all = _writable_by_everyone(request.default)
         if writable_by_all is None:
             return CachePlacement(None, f"{request.framework}'s own default kept (cache=auto)")
-        where = str(node_local_dir(request.framework, policy=policy))
+        where = str(node_local_dir(request.framework, policy=policy, create=request.create))
         return CachePlacement(where, f"the default {request.default} is in {writable_by_all}, which every user of "
                                      "this node can write (another user could create it first); using a private "
                                      "node-local directory (cache=auto)")
-    where = str(node_local_dir(request.framework, policy=policy))
+    where = str(node_local_dir(request.framework, policy=policy, create=request.create))
     return CachePlacement(where, f"node-local ({policy.source('cache')})")
 
 

@@ -62,6 +62,8 @@ class CacheRequest:
     user_value: str | None
     #: ... and where the framework puts its cache when it is unset.
     default: str | None
+    #: Create the directory chosen (False: only say where it would be, e.g. ``sharedfs env``).
+    create: bool = True
 
 
 @dataclass(frozen=True)

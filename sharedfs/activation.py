@@ -149,9 +149,9 @@ def version_supported(state: ShimState) -> bool:
         state.installed_version = installed_version(shim.distribution)
         state.supported = state.installed_version is not None and SpecifierSet(
             shim.supported, prereleases=True).contains(state.installed_version)
-        if not state.supported:
+        if not state.supported and state.installed_version is not None:  # not installed: nothing to say
             log.warning("%s %s is outside the supported range %s; its shim stays off",
-                        shim.distribution, state.installed_version or "(no metadata)", shim.supported)
+                        shim.distribution, state.installed_version, shim.supported)
     return bool(state.supported)
 
 

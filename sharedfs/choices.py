@@ -78,11 +78,15 @@ def native_lock_refused(lock_file: str, kind: str, errno_name: str) -> None:
                 kind, errno_name, lock_file)
 
 
-def cache_placement(shim: Shim, policy: Policy) -> CachePlacement | None:
-    """Where ``shim``'s framework cache goes (``None`` for a shim without a cache variable)."""
+def cache_placement(shim: Shim, policy: Policy, *, create: bool = True) -> CachePlacement | None:
+    """Where ``shim``'s framework cache goes (``None`` for a shim without a cache variable).
+
+    ``create=False`` only names the directory (``sharedfs env`` prints it; the job creates it).
+    """
     if not shim.cache_env:
         return None
-    request = CacheRequest(shim.name, shim.cache_env, os.environ.get(shim.cache_env) or None, shim.cache_default)
+    request = CacheRequest(shim.name, shim.cache_env, os.environ.get(shim.cache_env) or None, shim.cache_default,
+                           create=create)
     return runtime.registry().cache_placement(request, policy)
 
 

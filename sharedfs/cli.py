@@ -495,7 +495,7 @@ def env_exports() -> dict[str, str]:
         if current.source(setting.name) != "default" and value not in (None, ()):
             exports[setting.env] = _env_text(value)
     for state in activation.shim_states().values():
-        placed = choices.cache_placement(state.shim, current)
+        placed = choices.cache_placement(state.shim, current, create=False)
         if placed is not None and placed.path:
             exports[state.shim.cache_env or ""] = placed.path
     return exports
