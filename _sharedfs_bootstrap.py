@@ -1,15 +1,17 @@
 """Autoload, run by ``sharedfs.pth`` (and PEP 829 ``sharedfs.start``) in every interpreter.
 
 Every Python process on a cluster pays for this module (each rank, each
-DataLoader worker, each subprocess), so it is stdlib-only and imports nothing
-that ``site`` has not already imported.  It installs one ``sys.meta_path``
+DataLoader worker, each subprocess), so it is stdlib-only, imports nothing
+that ``site`` has not already imported, and is a top-level module of its own
+(as virtualenv's ``_virtualenv.py``): starting an interpreter does not import
+the ``sharedfs`` package at all.  It installs one ``sys.meta_path``
 finder that notices when a target framework has *finished* executing and only
 then hands over to :mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
 
-This module is the top of the kernel's import graph (an entry point, like the
-CLI): it imports the rest only when a target has been imported, and nothing in
-the kernel imports it except :mod:`sharedfs.control`.
+This module sits above the kernel (an entry point, like the CLI): it imports
+the package only when a target has been imported, and nothing in the kernel
+imports it except :mod:`sharedfs.control` and the CLI's status.
 """
 
 import os
@@ -98,7 +100,7 @@ def add_targets(module_names):
 def _activate(module_name):
     # Imported here, not at the top: this is where pluggy, importlib.metadata and
     # the policy get loaded, and only once a target framework is really in use.
-    from .activation import activate
+    from sharedfs.activation import activate
 
     known = activate(module_name)
     # Third-party shims (from entry points) may target modules the static table lacks.

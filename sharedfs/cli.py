@@ -111,7 +111,9 @@ def status_report() -> dict[str, Any]:
     """Everything ``sharedfs status`` shows, as data."""
     from packaging.specifiers import SpecifierSet
 
-    from . import _bootstrap, activation, runtime
+    import _sharedfs_bootstrap as _bootstrap
+
+    from . import activation, runtime
     from .errors import ConfigError
     from .nodelocal import root_of
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from . import _bootstrap, activation
+import _sharedfs_bootstrap as _bootstrap
+
+from . import activation
 
 
 def disable() -> None:

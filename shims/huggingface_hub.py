@@ -35,7 +35,7 @@ from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import drop_in
 from sharedfs.shim import Shim, ShimContext
 
-#: The hub's lock helper; its module is this shim's target (see ``sharedfs._bootstrap.TARGETS``).
+#: The hub's lock helper; its module is this shim's target (see ``_sharedfs_bootstrap.TARGETS``).
 FIXES = "huggingface_hub.utils._fixes"
 #: hub 2.x: the xet shared-blob store, which uses ``filelock.FileLock`` directly.
 SHARED_BLOBS = "huggingface_hub.utils._shared_blobs"

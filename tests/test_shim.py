@@ -81,7 +81,9 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
     # nothing from the package; these are the copies that must agree.
     from importlib import import_module
 
-    from sharedfs import _bootstrap, envvars
+    import _sharedfs_bootstrap as _bootstrap
+
+    from sharedfs import envvars
     from sharedfs.registry import BUILTIN_SHIMS
 
     declared = {}

@@ -29,10 +29,9 @@ def modules(env: Venv, flags=(), extra=None) -> set[str]:
 
 def test_plain_interpreter_loads_only_the_stdlib_bootstrap(datasets_venv: Venv) -> None:
     loaded = modules(datasets_venv)
-    assert {"sharedfs", "sharedfs._bootstrap"} <= loaded  # the .pth really ran
+    assert {"_sharedfs_bootstrap"} <= loaded  # the .pth really ran
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
-    assert {m for m in loaded if m.startswith("sharedfs")} == {
-        "sharedfs", "sharedfs._bootstrap"}
+    assert {m for m in loaded if m.startswith(("sharedfs", "_sharedfs"))} == {"_sharedfs_bootstrap"}
 
 
 def test_importing_datasets_loads_the_registry_and_patches_its_locks(datasets_venv: Venv) -> None:
@@ -56,16 +55,17 @@ def test_isolated_mode_still_autoloads_and_no_site_mode_breaks_nothing(datasets_
     assert json.loads(datasets_venv.run(PATCHED, flags=["-I"]).stdout) == ["sharedfs.shims.datasets"] * 3
     # -S skips .pth files: sharedfs is absent and the interpreter is fine.
     proc = datasets_venv.run(SHOW_MODULES, flags=["-S"])
-    assert not any(m.startswith("sharedfs") for m in json.loads(proc.stdout))
+    assert not any(m.startswith(("sharedfs", "_sharedfs")) for m in json.loads(proc.stdout))
     assert proc.stderr == ""
 
 
 @pytest.mark.parametrize("value", ["1", "true", "all"])
 def test_disable_installs_nothing(datasets_venv: Venv, value: str) -> None:
     code = ("import sys, json, datasets, datasets.builder as b;"
-            "print(json.dumps([sorted(m for m in sys.modules if m.startswith('sharedfs')), b.FileLock.__module__]))")
+            "print(json.dumps([sorted(m for m in sys.modules if m.startswith(('sharedfs', '_sharedfs'))),"
+            " b.FileLock.__module__]))")
     loaded, lock_module = json.loads(datasets_venv.run(code, env={"SHAREDFS_DISABLE": value}).stdout)
-    assert loaded == ["sharedfs", "sharedfs._bootstrap"]
+    assert loaded == ["_sharedfs_bootstrap"]
     assert lock_module == "datasets.utils._filelock"  # datasets' own class, untouched
 
 
@@ -167,7 +167,7 @@ def test_install_modes_behave_alike_and_uninstall_leaves_nothing(
     if editable:
         assert not (env.site_packages / "sharedfs").exists()  # no stale copies of plugins/ or shims/
     loaded = modules(env)
-    assert "sharedfs._bootstrap" in loaded and not loaded & set(HEAVY)
+    assert "_sharedfs_bootstrap" in loaded and not loaded & set(HEAVY)
     env.run("import sharedfs.plugins.settings, sharedfs.shims.datasets")
     assert env.status()["autoload"]["active_in_this_interpreter"] is True
     env.pip("uninstall", "-y", "sharedfs")
