@@ -39,6 +39,10 @@ TARGETS = {
     "mmengine.hooks": "mmengine.hooks.checkpoint_hook",
     "xtuner": "xtuner.dataset.huggingface",  # defines process_hf_dataset; `import xtuner` does not load it
     "torch": "torch.utils.data",  # DataLoader; imported by `import torch`
+    # torch's compile caches: each patched when torch itself imports the module, never imported to be patched.
+    "torch.cpp_ext": "torch.utils.cpp_extension",
+    "torch.filelock": "torch.utils._filelock",
+    "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
 }
 
 _finder = None

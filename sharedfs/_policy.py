@@ -52,6 +52,19 @@ class LockChoice:
 
 
 @dataclass(frozen=True)
+class TeamCache:
+    """A directory a group of users shares (``sharedfs_team_cache``): what sharedfs creates there is theirs too.
+
+    Every file sharedfs creates in it gets ``file_mode`` (whatever the creator's umask) and
+    group ``gid``; ``reason`` says how the team cache was recognised.
+    """
+
+    gid: int
+    file_mode: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class CacheRequest:
     """What the kernel tells ``sharedfs_cache_placement`` about one framework's cache."""
 
@@ -92,6 +105,7 @@ class Policy:
     log: str
     strict: bool
     node_id: str
+    shared_group: str | None
     disable: tuple[str, ...]
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     #: setting -> why its value disagrees with what the environment reports (see :class:`Layer`).

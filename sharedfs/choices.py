@@ -23,7 +23,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import runtime
-from ._policy import CachePlacement, CacheRequest, LockChoice, Policy
+from ._policy import CachePlacement, CacheRequest, LockChoice, Policy, TeamCache
 from .fsinfo import FsInfo, clear_mount_cache, mount_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,6 +67,22 @@ def lock_choice(lock_file: str, policy: Policy) -> LockChoice:
     return choice
 
 
+_teams: dict[tuple[str, str | None], TeamCache | None] = {}
+
+
+def team_cache(directory: str, policy: Policy) -> TeamCache | None:
+    """The ``sharedfs_team_cache`` answer for ``directory`` (or its nearest existing ancestor), cached."""
+    key = (directory, policy.shared_group)
+    if key not in _teams:
+        existing = directory
+        while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        answer = runtime.registry().team_cache(existing, policy)
+        with _lock:
+            _teams[key] = answer
+    return _teams[key]
+
+
 def native_lock_refused(lock_file: str, kind: str, errno_name: str) -> None:
     """Remember that ``kind`` locks fail with ``errno_name`` on ``lock_file``'s mount; choose again from now on."""
     mount = mount_for(os.path.dirname(lock_file) or ".")
@@ -96,4 +112,5 @@ def forget() -> None:
         _filesystems.clear()
         _refused.clear()
         _by_directory.clear()
+        _teams.clear()
     clear_mount_cache()

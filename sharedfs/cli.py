@@ -109,7 +109,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def status_report() -> dict[str, Any]:
     """Everything ``sharedfs status`` shows, as data."""
-    from packaging.specifiers import SpecifierSet
 
     import _sharedfs_bootstrap as _bootstrap
 
@@ -137,19 +136,20 @@ def status_report() -> dict[str, Any]:
     root = root_of(current) if current else None
     report["node_local_root"] = {"path": root.path, "origin": root.origin} if root else None
     shims = []
+    caches = []
     for name, state in sorted(activation.shim_states().items()):
         shim = state.shim
-        # Asked here rather than through activation.version_supported, which warns about every
-        # framework that is not installed: status reports that calmly in its own table.
-        installed = state.installed_version or activation.installed_version(shim.distribution)
-        supported = SpecifierSet(shim.supported, prereleases=True).contains(installed) if installed else None
+        supported = activation.version_supported(state)  # the one version gate, as on import
+        installed = state.installed_version
+        if current is not None and shim.cache_env and not current.shim_disabled(name):
+            caches.append(_cache_row(name, shim, current))
         shims.append({
             "name": name,
             "target": shim.target,
             "distribution": shim.distribution,
             "installed": installed,
             "supported_versions": shim.supported,
-            "supported": supported,
+            "supported": supported if installed else None,
             "enabled": current is not None and not current.shim_disabled(name),
             "applied": shim.applied,
             "patches": shim.patcher.changes(),
@@ -157,10 +157,25 @@ def status_report() -> dict[str, Any]:
         })
     blocked = sorted(runtime.registry().blocked)
     report["shims"] = shims
+    report["caches"] = caches
     report["blocked"] = blocked
     report["plugins"] = runtime.registry().plugin_names()
     report["external_plugins"] = [vars(p) for p in runtime.registry().external]
     return report
+
+
+def _cache_row(name: str, shim: Any, current: Any) -> dict[str, Any]:
+    """Where one framework's cache goes in programs of this environment, and why (nothing is created here)."""
+    from . import choices
+    from .errors import SharedFSError
+
+    try:
+        placed = choices.cache_placement(shim, current, create=False)
+    except SharedFSError as exc:  # e.g. an unsafe node-local root: the framework's import would fail with it
+        return {"name": name, "variable": shim.cache_env, "path": None, "reason": f"REFUSED: {exc}"}
+    path = placed.path if placed is not None and placed.path else (
+        os.environ.get(shim.cache_env) or shim.cache_default)
+    return {"name": name, "variable": shim.cache_env, "path": path, "reason": placed.reason if placed else ""}
 
 
 def _find_pth() -> str | None:
@@ -223,6 +238,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     for shim in report["shims"]:
         print(f"  {shim['name']:<16} {shim['installed'] or 'not installed':<14} {shim['supported_versions']:<14} "
               f"{_shim_state(shim)}")
+    if report["caches"]:
+        print("\ncaches (where each framework's cache goes, and why):")
+        for cache in report["caches"]:
+            print(f"  {cache['name']:<16} {cache['variable']}={cache['path']}\n  {'':<16} {cache['reason']}")
     blocked = f"; blocked by SHAREDFS_DISABLE: {', '.join(report['blocked'])}" if report["blocked"] else ""
     external = {p["name"] for p in report["external_plugins"]}
     shim_names = {shim["name"] for shim in report["shims"]}

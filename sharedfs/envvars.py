@@ -1,7 +1,7 @@
 """Every environment variable sharedfs reads, in one place (the OpenTelemetry habit)."""
 
 __all__ = ["DISABLE", "TRUE_VALUES", "STRICT", "CONFIG", "LOCK", "CACHE", "CACHE_ROOT", "WAIT_TIMEOUT",
-           "LEASE_SECONDS", "POLL_INTERVAL", "MAX_WORKERS", "LOG", "NODE_ID"]
+           "LEASE_SECONDS", "POLL_INTERVAL", "MAX_WORKERS", "LOG", "NODE_ID", "SHARED_GROUP"]
 
 #: ``1``/``true``/``yes``/``all``: install nothing.  ``datasets,wids``: block those shims.
 #: (The start-up bootstrap spells this name itself, to import nothing; a test keeps them equal.)
@@ -22,3 +22,5 @@ POLL_INTERVAL = "SHAREDFS_POLL_INTERVAL"
 MAX_WORKERS = "SHAREDFS_MAX_WORKERS"
 LOG = "SHAREDFS_LOG"
 NODE_ID = "SHAREDFS_NODE_ID"
+#: Team caches: the group whose members share the caches sharedfs places and the files it creates.
+SHARED_GROUP = "SHAREDFS_SHARED_GROUP"

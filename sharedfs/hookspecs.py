@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
+    from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
     from .fsinfo import FsInfo, Mount
     from .identity import ProcessIdentity
     from .records import HolderRecord
@@ -51,6 +51,7 @@ __all__ = [
     "sharedfs_classify_filesystem",
     "sharedfs_choose_lock",
     "sharedfs_cache_placement",
+    "sharedfs_team_cache",
     "sharedfs_holder_alive",
     "sharedfs_register_shims",
 ]
@@ -134,6 +135,21 @@ def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlac
     error rather than falling back to the unsafe default.
 
     :param request: the framework, its cache variable, the user's value of it and its default.
+    :param policy: the policy in force.
+    """
+
+
+@hookspec(firstresult=True)
+def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
+    """Say whether ``directory`` is shared by a group of users, and how its files must look.
+
+    *firstresult*.  The built-in ``teamcache`` plugin (``trylast``) answers from the
+    ``shared_group`` setting, a setgid directory, or a default ACL granting a group write
+    access; ``None`` means a private directory (files keep the creator's umask).  Asked
+    once per directory a lock lives in; sharedfs then creates every lock file and marker
+    there with the answer's mode and group, whatever the creator's umask.
+
+    :param directory: an existing directory (the nearest existing ancestor of a lock's).
     :param policy: the policy in force.
     """
 

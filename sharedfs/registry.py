@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import pluggy
 
 from . import hookspecs
-from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy
+from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
 from .hookspecs import NAME
 from .identity import ProcessIdentity
 
@@ -31,7 +31,7 @@ log = logging.getLogger(NAME)
 
 #: Built-in deciding plugins.  Where the order of answers matters, the implementations say so
 #: with ``tryfirst``/``trylast`` (see hookspecs.py); registration order is not documentation.
-BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "liveness", "slurm", "distributed")
+BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "teamcache", "liveness", "slurm", "distributed")
 #: Built-in shims, one module each in ``sharedfs/shims/``; the bootstrap's TARGETS names the
 #: module that triggers each (tests/test_shim.py checks that both tables agree).
 BUILTIN_SHIMS = ("datasets", "huggingface_hub", "webdataset", "wids", "mmengine", "xtuner", "torch")
@@ -111,6 +111,9 @@ class Registry:
 
     def cache_placement(self, request: CacheRequest, policy: Policy) -> CachePlacement | None:
         return self.pm.hook.sharedfs_cache_placement(request=request, policy=policy)
+
+    def team_cache(self, directory: str, policy: Policy) -> TeamCache | None:
+        return self.pm.hook.sharedfs_team_cache(directory=directory, policy=policy)
 
     def holder_alive(self, record: HolderRecord, policy: Policy) -> bool | None:
         return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy)

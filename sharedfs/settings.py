@@ -111,6 +111,14 @@ def _node_id(raw: Any) -> str:
     return text
 
 
+def _group(raw: Any) -> str:
+    text = str(raw).strip()
+    # A group name as groupadd accepts it, or a gid; resolved (and refused if unknown) where it is used.
+    if not text or len(text) > 64 or not all(c.isalnum() or c in "._-" for c in text) or text.startswith("-"):
+        raise ValueError(raw)
+    return text
+
+
 def _names(raw: Any) -> tuple[str, ...]:
     items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
     names = tuple(sorted({str(item).strip().lower() for item in items if str(item).strip()}))
@@ -139,6 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("poll_interval", envvars.POLL_INTERVAL, 1.0, _seconds(0.01, 60.0, include_low=True),
             "a number of seconds from 0.01 to 60",
             "longest pause between a waiting node's looks at the shared filesystem (one rank per node looks)"),
+    Setting("shared_group", envvars.SHARED_GROUP, None, _group, "a group name or number",
+            "team caches: files sharedfs creates are this group's too (else: setgid directories say so)"),
     Setting("max_workers", envvars.MAX_WORKERS, "auto", _workers,
             f"auto, off or a whole number from 1 to {MAX_WORKERS}",
             "DataLoader worker cap; auto = CPUs this task may use"),

@@ -65,12 +65,9 @@ class WebDatasetShim(Shim):
             self.patcher.setitem(workers.PREDICATES, self.name, lambda dataset: isinstance(dataset, pipeline))
 
     def _place_cache(self, cache: ModuleType, placement: CachePlacement, policy: Policy) -> None:
-        if placement.path is None:
-            if policy.cache != "auto":  # under auto, keeping webdataset's own choice is no news
-                decision(f"webdataset cache stays at {cache.default_cache_dir}: {placement.reason}")
-            return
-        self.patcher.setattr(cache, "default_cache_dir", placement.path)
-        decision(f"webdataset default cache -> {placement.path} ({placement.reason})")
+        # The kernel logs the placement (one line for every shim: "webdataset cache -> ...").
+        if placement.path is not None:
+            self.patcher.setattr(cache, "default_cache_dir", placement.path)
 
 
 def _fetch(gopen: Callable[..., Any], url: str, path: str) -> None:

@@ -99,9 +99,8 @@ class WidsShim(Shim):
         self.patcher.setattr(cleanup, "ExclusiveLock", make_exclusive_lock(policy))
 
     def _place_cache(self, core: ModuleType, policy: Policy, placement: CachePlacement | None) -> None:
+        # The kernel logs the placement (one line for every shim: "wids cache -> ...").
         placed = placement.path if placement is not None else None
-        if placement is not None and placed is None and policy.cache != "auto":
-            decision(f"wids cache stays where wids puts it: {placement.reason}")
         original_init = core.ShardListDataset.__init__
         default_localname = core.DefaultLocalname
 
@@ -119,8 +118,6 @@ class WidsShim(Shim):
 
         __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
         __init__.__doc__ = original_init.__doc__
-        if placement is not None and placed is not None:
-            decision(f"wids default cache -> {placed} ({placement.reason})")
         self.patcher.setattr(core.ShardListDataset, "__init__", __init__)
 
 

@@ -59,14 +59,15 @@ REPORT_EVERY = 120.0
 class _State:
     """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
 
-    def __init__(self, lock_file: str, mode: int, policy: Policy, owner: str) -> None:
+    def __init__(self, lock_file: str, mode: int | None, policy: Policy, owner: str) -> None:
         choice = choices.lock_choice(lock_file, policy)
         # The reason names the mount: one line per framework, mount and kind, not per lock.
         unpatched = ("; processes running without sharedfs (stock filelock on the same files) are not excluded "
                      "by it" if choice.kind in ("soft", "lease") else "")
         decision(f"{owner} locks -> {choice.kind}: {choice.reason}{unpatched}")
         self.guard = threading.Lock()
-        self.target = Target(lock_file, mode, policy, choice)
+        self.target = Target(lock_file, DEFAULT_MODE if mode is None else mode, policy, choice,
+                             choices.team_cache(os.path.dirname(lock_file), policy), explicit_mode=mode)
         self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
         self.holds: dict[int, Hold] = {}
         self.waits = threading.local()  # per thread: when this wait began, next attempt, pause
@@ -99,8 +100,7 @@ class SharedFSLockMixin:
             lock_file = os.path.abspath(self.lock_file)  # type: ignore[attr-defined]
             mode = getattr(self._context, "mode", -1)  # type: ignore[attr-defined]
             policy = self._sharedfs_policy or runtime.policy()
-            state = _State(lock_file, DEFAULT_MODE if mode is None or mode < 0 else mode, policy,
-                           self._sharedfs_owner)
+            state = _State(lock_file, None if mode is None or mode < 0 else mode, policy, self._sharedfs_owner)
             state = self.__dict__.setdefault("_sharedfs_state", state)
             _live.add(self)
         return state

@@ -27,12 +27,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import oslocks
-from .._policy import LockChoice, Policy
+from .._policy import LockChoice, Policy, TeamCache
 from ..records import HolderRecord
 from ..safefile import NOFOLLOW
 from . import _marker
@@ -59,6 +60,10 @@ class Target:
     mode: int
     policy: Policy
     choice: LockChoice
+    #: The lock's directory is shared by a group (sharedfs_team_cache): files made there are the group's.
+    team: TeamCache | None = None
+    #: A mode the caller asked for (``mode=0o664``): like filelock, files created get exactly it.
+    explicit_mode: int | None = None
     #: How long this waiter has seen the current marker unchanged (leases, empty markers).
     watch: _marker.Watch = field(default_factory=_marker.Watch)
 
@@ -101,6 +106,7 @@ def take_marker(target: Target, *, native_held: bool,
     for _ in range(2):  # a second try right after breaking a dead holder's marker
         try:
             fd = _marker.create(target.marker, record, target.mode)
+            settle(fd, target)
         except FileExistsError:
             if not _break_if_dead(target, native_held, holder_alive):
                 return None
@@ -136,13 +142,31 @@ def _break_if_dead(target: Target, native_held: bool,
         dead = holder_alive(record, target.policy) is False
     if not dead:
         return False
-    if _marker.break_stale(target.marker, seen):
+    try:
+        broken = _marker.break_stale(target.marker, seen)
+    except _marker.NotAllowed:
+        _say_once(target.marker + ":owner",
+                  "%s was left by %s, whose process is gone (%s), but %s does not let you remove another user's "
+                  "file (a sticky or read-only directory). Ask them or an administrator to run: rm -f %s",
+                  target.marker, _user(seen.owner), record.describe() if record else "it never wrote its record",
+                  os.path.dirname(target.marker), target.marker)
+        return False
+    if broken:
         from ..log import decision
 
         holder = record.describe() if record else "a holder that never wrote its record"
         decision(f"broke the lock {target.lock_file}: its holder ({holder}) is gone", every_rank=True)
         return True
     return False
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def drop_marker(hold: Hold, target: Target) -> None:
@@ -173,10 +197,48 @@ class _InProcess:
             return cls._locks.setdefault((st.st_dev, st.st_ino), threading.Lock())
 
 
-def _open_lock_file(path: str, mode: int, *, writable: bool) -> int | None:
+def settle(fd: int, target: Target) -> None:
+    r"""A file this lock just created gets the team's mode and group, or the mode the caller asked for.
+
+    filelock ``fchmod``\ s a lock file to an explicit ``mode`` whatever the umask (the hub asks for
+    0o664 so that users sharing a cache can wait on each other's locks); so does sharedfs.
+    """
+    if target.team is not None:
+        share(fd, target.team)
+    elif target.explicit_mode is not None:
+        try:
+            os.fchmod(fd, target.explicit_mode)
+        except OSError:
+            pass
+
+
+def share(fd: int, team: TeamCache | None) -> None:
+    """Give a file sharedfs just created in a team cache the group's mode and group, whatever the umask."""
+    if team is None:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_gid != team.gid:
+            os.fchown(fd, -1, team.gid)  # a member may give her file to her group
+        if stat.S_IMODE(st.st_mode) != team.file_mode:
+            os.fchmod(fd, team.file_mode)
+    except OSError:
+        pass  # the owner sees it as before; members who cannot write it still wait on it read-only
+
+
+def _open_lock_file(target: Target, *, writable: bool) -> int | None:
     """Open (creating) the native lock file; ``None`` when it vanished meanwhile (contention)."""
+    path, mode = target.lock_file, target.mode
     flags = os.O_RDWR | os.O_CREAT | NOFOLLOW
     try:
+        if target.team is not None or target.explicit_mode is not None:
+            try:  # only a file this call creates gets a mode or group of sharedfs's choosing
+                fd = os.open(path, flags | os.O_EXCL, mode)
+            except FileExistsError:
+                pass
+            else:
+                settle(fd, target)
+                return fd
         return os.open(path, flags, mode)
     except FileNotFoundError:
         return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
@@ -200,7 +262,7 @@ class Native:
         self.holder_alive = holder_alive
 
     def try_acquire(self) -> Hold | None:
-        fd = _open_lock_file(self.target.lock_file, self.target.mode, writable=self.how == "posix")
+        fd = _open_lock_file(self.target, writable=self.how == "posix")
         if fd is None:
             return None
         thread_lock: threading.Lock | None = None

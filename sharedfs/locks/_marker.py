@@ -71,6 +71,7 @@ class Seen:
     identity: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns of the file that was read
     record: HolderRecord | None
     readable: bool = True
+    owner: int = -1  # the uid owning the file
 
 
 def create(path: str, record: HolderRecord, mode: int) -> int:
@@ -99,17 +100,28 @@ def read(path: str) -> Seen | None:
     if got is None:
         return Seen(b"", (0, 0, 0), None, readable=False)
     data, st = got
-    return Seen(data, (st.st_dev, st.st_ino, st.st_ctime_ns), HolderRecord.parse(data) if data else None)
+    return Seen(data, (st.st_dev, st.st_ino, st.st_ctime_ns), HolderRecord.parse(data) if data else None,
+                owner=st.st_uid)
+
+
+class NotAllowed(PermissionError):
+    """The directory does not let this user remove the dead holder's marker (another user's file)."""
 
 
 def break_stale(path: str, seen: Seen) -> bool:
-    """Remove the marker ``path`` if it is still exactly ``seen``; True when this call removed it."""
+    """Remove the marker ``path`` if it is still exactly ``seen``; True when this call removed it.
+
+    Raises :class:`NotAllowed` when the directory forbids it (a sticky directory, or no write
+    permission): then only the marker's owner or an administrator can clear it.
+    """
     breaker = path + BREAK_SUFFIX
     try:
         fd = create_exclusive(breaker, 0o600)
     except FileExistsError:
         _clear_dead_breaker(breaker)
         return False
+    except PermissionError as exc:
+        raise NotAllowed(exc.errno, exc.strerror, path) from None
     except OSError:
         return False
     try:
@@ -121,6 +133,8 @@ def break_stale(path: str, seen: Seen) -> bool:
             return False
         os.unlink(path)
         return True
+    except PermissionError as exc:  # a sticky directory: only the owner (or root) may unlink it
+        raise NotAllowed(exc.errno, exc.strerror, path) from None
     except OSError:
         return False
     finally:

@@ -60,6 +60,7 @@ REFERENCES = {
     "webdataset#386": "https://github.com/webdataset/webdataset/issues/386",
     "LlamaFactory#3065": "https://github.com/hiyouga/LLaMA-Factory/issues/3065",
     "ms-swift#3667": "https://github.com/modelscope/ms-swift/issues/3667",
+    "pytorch#189245": "https://github.com/pytorch/pytorch/issues/189245",
 }
 
 #: The distribution (and the version range the shims support) behind each module a scenario imports.
@@ -684,6 +685,19 @@ def broadcast_trap(sim: Sim) -> tuple[Outcome, Outcome]:
     return outcomes[0], outcomes[1]
 
 
+def torch_extension(sim: Sim) -> tuple[Outcome, Outcome]:
+    """A ``cpp_extension.load`` (how DeepSpeed builds its ops) SIGKILLed mid-compile; the rerun must load it."""
+    from .scenario_torch import ToolchainMissing, torch_extension_stale_lock
+
+    work = sim.work / "torch-extension"
+    work.mkdir()
+    try:
+        result = torch_extension_stale_lock(work, sim.base_env, hang_after=5)
+    except ToolchainMissing as exc:
+        raise ScenarioSkipped(str(exc)) from None
+    return Outcome(not result.ok_without, result.without), Outcome(not result.ok_with, result.with_sharedfs)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -724,4 +738,7 @@ SCENARIOS = (
     Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
              broadcast_trap, needs=("datasets",),
              story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
+    Scenario("torch C++ extension build killed half-way", "pytorch#189245", torch_extension, needs=("torch",),
+             story="A cpp_extension.load() (how DeepSpeed builds its ops) is SIGKILLed mid-compile; the rerun "
+                   "must load the extension."),
 )

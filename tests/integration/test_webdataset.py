@@ -278,5 +278,5 @@ def test_node_local_policy_places_the_default_cache_and_user_dirs_win(tmp_path) 
     assert json.loads(runs["plain"].stdout) == ["./_cache", mine]
     placed = tmp_path / f"sharedfs-{os.getuid()}" / "nojob" / "webdataset"
     assert json.loads(runs["sharedfs"].stdout) == [str(placed), mine]
-    assert f"webdataset default cache -> {placed}" in runs["sharedfs"].stderr
+    assert f"webdataset cache -> {placed}" in runs["sharedfs"].stderr
     assert f"webdataset cache stays at {mine}: cache_dir=" in runs["sharedfs"].stderr

@@ -280,4 +280,4 @@ def test_node_local_placement_version_gate_and_unpatch(tmp_path) -> None:
     # Plain wids' default is the predictable /tmp/_wids_cache, shared by every user of the node.
     assert before == [placed, "SharedFSLockFile", True, "0.1.11", True]
     assert after == ["/tmp/_wids_cache", "ULockFile", "wids.wids_dl", False]
-    assert f"wids default cache -> {placed}" in proc.stderr
+    assert f"wids cache -> {placed}" in proc.stderr
