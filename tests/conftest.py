@@ -15,6 +15,11 @@ import pytest
 pytest_plugins = ["sharedfs.testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# tests/upstream/ holds the runner of the frameworks' own suites (CI calls `python
+# tests/upstream/run.py`) and their glue (a `tests` package each): never part of this run.  Not a
+# conftest.py of its own there: a second module named `conftest` would shadow this one.
+collect_ignore = ["upstream"]
 #: What every venv gets besides sharedfs; pinned so a test run is reproducible.
 DATASETS_REQ = os.environ.get("SHAREDFS_TEST_DATASETS", "datasets==5.2.0")
 
