@@ -6,6 +6,14 @@ answers EEXIST, then ``isdir`` is asked of a stale attribute cache and says no
 (lingua#49, prime-rl#2699, Automodel#3686).  And a rank that waits a fixed 10 s
 for a directory another node made times out because attribute and
 negative-lookup caches hide it for longer (OLMo#829).
+
+Waiting costs the shared filesystem O(nodes), not O(ranks): the ranks of one
+node that wait for the same path on a shared filesystem elect one
+representative through a node gate (:mod:`sharedfs.gates`); only it looks,
+at most once per ``SHAREDFS_POLL_INTERVAL`` (+-25 % jitter).  When it sees the
+path it leaves the gate, and each other waiter of the node in turn takes it,
+looks once itself (it must see the path with its own eyes: that is what it
+waits for) and returns.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Union
 
-from . import choices, dist, runtime
+from . import choices, dist, gates, runtime
 from ._policy import Policy
 from .cleanup import enter_job
 from .errors import WaitTimeout
@@ -27,38 +35,111 @@ __all__ = ["job_id", "makedirs", "node_local_dir", "node_local_root", "wait_for"
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: Polling backs off from FIRST_POLL to MAX_POLL; jitter keeps many ranks out of step.
+#: A representative's looks back off from FIRST_POLL, doubling up to the ``poll_interval`` setting, with
+#: +-JITTER: a path that appears is seen within (1 + JITTER) poll intervals, and waiters released by one
+#: event do not hit the metadata server in step.
 FIRST_POLL = 0.01
-MAX_POLL = 1.0
+JITTER = 0.25
+#: How often a waiter that is not its node's representative tries the gate: node-local, free for the
+#: shared filesystem; it bounds how long the node's other waiters take to notice, after the
+#: representative saw the path, roughly GATE_POLL times the harmonic number of their count.
+GATE_POLL = 0.05
 
 
 def wait_for(target: PathLike | Callable[[], bool], timeout: float | None = None, *,
              what: str | None = None) -> None:
     """Wait until ``target`` (a path, or a predicate) exists / is true.
 
-    Non-collective.  Backs off with jitter, never sleeps past the deadline, and
-    before each look at a path re-lists its parent, which makes NFS revalidate
-    the directory instead of answering from its negative-lookup cache.
-    ``timeout`` defaults to ``SHAREDFS_WAIT_TIMEOUT``; on timeout
+    Non-collective.  Backs off with jitter up to ``SHAREDFS_POLL_INTERVAL``, never
+    sleeps past the deadline, and before each look at a path re-lists its parent,
+    which makes NFS revalidate the directory instead of answering from its
+    negative-lookup cache.  On a shared filesystem one waiter per node looks (see
+    the module doc).  ``timeout`` defaults to ``SHAREDFS_WAIT_TIMEOUT``; on timeout
     :class:`sharedfs.WaitTimeout` says what was awaited, from where, on which
     filesystem, and what to change.
     """
+    policy = runtime.policy()
     if timeout is None:
-        timeout = runtime.policy().wait_timeout
+        timeout = policy.wait_timeout
     if callable(target):
-        check, path = target, None
+        check, path, key = target, None, None
     else:
         path = os.path.abspath(os.fspath(target))
-        check = lambda: _visible(path)
+        check, key = (lambda: _visible(path)), _gate_key(path)
     start = time.monotonic()
-    deadline = start + timeout
-    delay = FIRST_POLL
-    while not check():
-        now = time.monotonic()
-        if now >= deadline:
-            raise WaitTimeout(_wait_message(path, what or getattr(target, "__name__", repr(target)), now - start))
-        time.sleep(min(delay * random.uniform(0.5, 1.5), deadline - now))
-        delay = min(delay * 2, MAX_POLL)
+    if check():
+        return
+    waiter = _Waiter(check, key, policy.poll_interval, start + timeout)
+    try:
+        if waiter.wait():
+            return
+    finally:
+        waiter.leave()
+    raise WaitTimeout(_wait_message(path, what or getattr(target, "__name__", repr(target)),
+                                    time.monotonic() - start))
+
+
+def _gate_key(path: str) -> str | None:
+    """The node gate of waiting for ``path``; ``None`` (everyone looks) where looking costs no shared server."""
+    try:
+        shared = choices.filesystem(path).shared
+    except OSError:
+        shared = True  # cannot tell: economise, the gate never changes an answer
+    return f"wait_for:{path}" if shared else None
+
+
+class _Waiter:
+    """One wait: this node's representative looks, backing off; the others wait on the node gate.
+
+    Gates are an economy, never a reason to fail: every waiter looks once itself at
+    the deadline before giving up (a representative may be stopped, or have left).
+    """
+
+    def __init__(self, check: Callable[[], bool], key: str | None, ceiling: float, deadline: float) -> None:
+        self.check, self.key, self.ceiling, self.deadline = check, key, ceiling, deadline
+        self.gate: int | None = -1 if key is None else None  # -1: look for ourselves; fd: representative
+        self.queued = False  # found the gate taken at least once
+        self.delay = FIRST_POLL
+        self.due = time.monotonic() + self._pause()
+
+    def wait(self) -> bool:
+        """True once the target is there; False at the deadline."""
+        while True:
+            now = time.monotonic()
+            if now >= self.deadline:
+                return self.check()
+            if self.gate is None:
+                self._try_gate(now)
+            if self.gate is None:
+                wake = now + GATE_POLL * random.uniform(1 - JITTER, 1 + JITTER)
+            elif now >= self.due:
+                if self.check():
+                    return True
+                wake = self.due = time.monotonic() + self._pause()
+            else:
+                wake = self.due
+            time.sleep(max(0.0, min(wake, self.deadline) - time.monotonic()))
+
+    def _try_gate(self, now: float) -> None:
+        assert self.key is not None
+        self.gate = gates.try_enter(self.key)
+        if self.gate is None:
+            self.queued = True
+        elif self.queued:
+            # A successor looks at once: the representative left because it saw the target (then this
+            # look succeeds: each of the node's waiters looks once more, in turn) or its own wait ended
+            # (then the target is late: carry on at the poll interval, without a fresh burst of looks).
+            self.due, self.delay = now, self.ceiling
+
+    def _pause(self) -> float:
+        pause = self.delay * random.uniform(1 - JITTER, 1 + JITTER)
+        self.delay = min(self.delay * 2, self.ceiling)
+        return pause
+
+    def leave(self) -> None:
+        if self.gate is not None:
+            gates.leave(self.gate)
+            self.gate = None
 
 
 def _visible(path: str) -> bool:

@@ -23,6 +23,14 @@ profile            behaviour
 Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``.
 ``--latency-ms N`` adds N ms to every metadata operation in any profile.
 
+``--count-ops`` (``mount(..., count_ops=True)``) counts every operation the
+server answers, per simulated node and per operation kind, so a test or a
+benchmark can measure the load a workload puts on the (metadata) server:
+:meth:`HostileMount.op_counts` asks the server over a Unix socket in its state
+directory, and :func:`metadata_ops` sums the kinds a metadata server would
+serve.  The kernel caches nothing of a hostilefs mount (every lookup reaches
+the server), so the counts are an upper bound of what a caching client sends.
+
 A process's simulated node is the ``SHAREDFS_NODE_ID`` in its environment
 (``default`` when unset).  The server reads it from ``/proc/<pid>/environ`` of
 the caller of each operation, so every process started with a node environment
@@ -52,10 +60,12 @@ import errno
 import fcntl
 import functools
 import importlib.util
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -65,11 +75,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 __all__ = [
     "FSTYPE",
     "LOCK_PROFILES",
+    "METADATA_OPS",
     "PROFILES",
     "FuseUnavailable",
     "HostileMount",
@@ -77,6 +88,7 @@ __all__ = [
     "Profile",
     "fuse_available",
     "is_mounted",
+    "metadata_ops",
     "mount",
     "parse_profile",
 ]
@@ -94,6 +106,21 @@ PROFILES = LOCK_PROFILES + ("lagging",)
 _LOCK_ERRNO = {"lustre-noflock": errno.ENOSYS, "nfs-nolock": errno.ENOLCK}
 
 _PathLike = Union[str, "os.PathLike[str]"]
+
+#: Every operation the server implements (what ``--count-ops`` counts).
+OPERATIONS = ("getattr", "readdir", "readlink", "mknod", "mkdir", "symlink", "link", "unlink", "rmdir", "rename",
+              "chmod", "chown", "truncate", "utimens", "statfs", "open", "create", "read", "write", "flush",
+              "fsync", "release", "flock", "lock")
+#: Counted apart from ``lock``: the whole-file POSIX unlock libfuse sends on every close(2) of a file on a
+#: filesystem with a lock handler; a kernel client looks at its own lock list and usually sends nothing.
+UNLOCK_ON_CLOSE = "unlock-on-close"
+#: The operations a cluster filesystem's metadata server serves: lookups and attributes, namespace changes,
+#: open and close (Lustre's MDS_CLOSE), and locks (Lustre's flock goes to the MDT).  Left out: data (read,
+#: write, fsync go to object servers), flush, which FUSE sends on every close(2) beside the release, and
+#: UNLOCK_ON_CLOSE.
+METADATA_OPS = frozenset(OPERATIONS) - {"read", "write", "flush", "fsync"}
+#: The server's control socket (``--count-ops``), inside its private state directory.
+CONTROL_SOCKET = "control.sock"
 
 
 # --------------------------------------------------------------------------
@@ -256,13 +283,14 @@ class _Retired(Exception):
 class _Handle:
     """One FUSE open file: the backing fd, its inode key, its flock mirror."""
 
-    __slots__ = ("fd", "inode", "flock")
+    __slots__ = ("fd", "inode", "flock", "node")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, node: Optional[str] = None) -> None:
         st = os.fstat(fd)
         self.fd = fd
         self.inode = f"{st.st_dev}-{st.st_ino}"  # locks follow the inode across renames/links
         self.flock: Optional[_Shadow] = None
+        self.node = node  # who opened it (counted mounts): the kernel releases files on nobody's behalf
 
 
 # struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start,
@@ -296,6 +324,55 @@ def _enoent() -> OSError:
     return OSError(errno.ENOENT, os.strerror(errno.ENOENT))
 
 
+class _OpCounter:
+    """Operations answered, per simulated node and per operation kind (``--count-ops``)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def add(self, node: str, kind: str) -> None:
+        with self._mu:
+            per_node = self._counts.setdefault(node, {})
+            per_node[kind] = per_node.get(kind, 0) + 1
+
+    def snapshot(self, reset: bool = False) -> dict[str, dict[str, int]]:
+        """The counts so far; ``reset`` starts a new window in the same step (nothing falls between two)."""
+        with self._mu:
+            counts = {node: dict(ops) for node, ops in self._counts.items()}
+            if reset:
+                self._counts = {}
+        return counts
+
+
+def _serve_control(path: str, counter: _OpCounter) -> None:
+    """Answer ``stats`` / ``reset`` requests on the Unix socket ``path`` with the counts as one JSON line.
+
+    A socket, not a signal: the main thread sits in libfuse's C loop, where no Python
+    signal handler runs.  The socket lives in the server's private state directory.
+    """
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+
+    def loop() -> None:
+        # Process-directed signals stay for the main thread, where libfuse's handler ends its loop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                try:
+                    request = conn.makefile("rb").readline().strip()
+                    if request not in (b"stats", b"reset"):
+                        conn.sendall(b'{"error": "unknown request"}\n')
+                        continue
+                    conn.sendall(json.dumps(counter.snapshot(reset=request == b"reset")).encode() + b"\n")
+                except OSError:
+                    pass  # the client went away; the next one is served
+
+    threading.Thread(target=loop, name="hostilefs-control", daemon=True).start()
+
+
 class HostileOps:
     """mfusepy operations (used with ``raw_fi=True``) for one hostilefs mount.
 
@@ -317,6 +394,7 @@ class HostileOps:
         latency_ms: float = 0,
         shadow_dir: _PathLike,
         context: Any = None,
+        count_ops: bool = False,
     ) -> None:
         self.root = os.path.realpath(backing)
         self.profile = profile
@@ -337,6 +415,42 @@ class HostileOps:
         elif profile.locks in _LOCK_ERRNO:
             self.flock = self._refuse_lock
             self.lock = self._refuse_lock
+        self.counter: Optional[_OpCounter] = _OpCounter() if count_ops else None
+        if self.counter is not None:
+            for name in OPERATIONS:
+                method = getattr(self, name, None)
+                if method is not None:  # flock/lock stay None under "plain": the kernel locks
+                    setattr(self, name, self._counted(name, method))
+
+    # ---- counting (--count-ops) -------------------------------------------
+
+    def _counted(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` counting each call (``wraps`` keeps the signature, which mfusepy inspects)."""
+        counter = self.counter
+        assert counter is not None
+
+        @functools.wraps(method)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            # In the worker thread serving the caller, where the FUSE context names it.
+            counter.add(self._counted_node(name, args), self._counted_kind(name, args))
+            return method(*args, **kwargs)
+
+        return counted
+
+    def _counted_node(self, name: str, args: tuple[Any, ...]) -> str:
+        if name == "release":  # sent by the kernel on nobody's behalf: the opener's node
+            handle = self._handles.get(args[1].fh) if len(args) > 1 else None
+            if handle is not None and handle.node is not None:
+                return handle.node
+        return self._caller_node()
+
+    @staticmethod
+    def _counted_kind(name: str, args: tuple[Any, ...]) -> str:
+        if name == "lock" and len(args) > 3:
+            lk = args[3].contents
+            if args[2] != fcntl.F_GETLK and lk.l_type == fcntl.F_UNLCK and lk.l_start == 0 and lk.l_len == 0:
+                return UNLOCK_ON_CLOSE
+        return name
 
     # ---- helpers -------------------------------------------------------
 
@@ -368,7 +482,7 @@ class HostileOps:
                 pass
 
     def _new_handle(self, fd: int) -> int:
-        h = _Handle(fd)
+        h = _Handle(fd, self._caller_node() if self.counter is not None else None)
         with self._mu:
             fh = self._next_handle
             self._next_handle += 1
@@ -723,12 +837,15 @@ def serve(
     debug: bool = False,
     state_dir: Optional[str] = None,
     exit_with_parent: bool = False,
+    count_ops: bool = False,
 ) -> int:
     """Mount and serve in the foreground until unmounted or signalled.
 
     ``state_dir`` receives localflock's per-node shadow lock files (under
     ``locks/``); without it a private temporary directory is used and
     removed at exit.  ``exit_with_parent`` unmounts when the parent dies.
+    ``count_ops`` counts operations per node and kind, served on
+    ``state_dir/control.sock`` (see :meth:`HostileMount.op_counts`).
     """
     prof = parse_profile(profile)
     try:
@@ -746,7 +863,10 @@ def serve(
     if state_dir is None:
         state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
-                     shadow_dir=os.path.join(state_dir, "locks"), context=mfusepy.fuse_get_context)
+                     shadow_dir=os.path.join(state_dir, "locks"), context=mfusepy.fuse_get_context,
+                     count_ops=count_ops)
+    if ops.counter is not None:
+        _serve_control(os.path.join(state_dir, CONTROL_SOCKET), ops.counter)
     options: dict[str, Any] = dict(
         _MOUNT_OPTIONS,
         foreground=True,
@@ -788,6 +908,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--state-dir", help="directory for lock shadow files (default: private temp dir)")
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="unmount (and remove --state-dir) when the parent process dies")
+    parser.add_argument("--count-ops", action="store_true",
+                        help=f"count operations per simulated node and kind (served on STATE_DIR/{CONTROL_SOCKET})")
     parser.add_argument("backing")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
@@ -796,7 +918,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms, latency_ms=args.latency_ms,
-                 debug=args.debug, state_dir=args.state_dir, exit_with_parent=args.exit_with_parent)
+                 debug=args.debug, state_dir=args.state_dir, exit_with_parent=args.exit_with_parent,
+                 count_ops=args.count_ops)
 
 
 # --------------------------------------------------------------------------
@@ -906,7 +1029,7 @@ class HostileMount:
     """
 
     def __init__(self, path: Path, backing: Path, profile: str, lag_ms: float, latency_ms: float,
-                 process: "subprocess.Popen[bytes]", state_dir: str) -> None:
+                 process: "subprocess.Popen[bytes]", state_dir: str, count_ops: bool = False) -> None:
         self.path = path
         self.backing = backing
         self.profile = profile
@@ -914,6 +1037,7 @@ class HostileMount:
         self.latency_ms = latency_ms
         self.process = process
         self.state_dir = state_dir  # server.log + localflock shadow files; removed on unmount
+        self.count_ops = count_ops
         self._log_text: Optional[str] = None
         self._closed = False
 
@@ -940,6 +1064,25 @@ class HostileMount:
                 return f.read()
         except OSError:
             return ""
+
+    def op_counts(self, reset: bool = False) -> dict[str, dict[str, int]]:
+        """``{node: {operation: count}}`` of every operation served so far (``count_ops=True`` mounts only).
+
+        ``reset=True`` returns the counts and starts from zero in the same step, so consecutive
+        calls measure back-to-back windows without losing an operation in between.  Operations
+        the kernel makes on nobody's behalf count under node ``default``.
+        """
+        if not self.count_ops:
+            raise HostileMountError(f"{self} counts no operations: mount it with count_ops=True")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(os.path.join(self.state_dir, CONTROL_SOCKET))
+            conn.sendall(b"reset\n" if reset else b"stats\n")
+            answer = conn.makefile("rb").readline()
+        counts = json.loads(answer)
+        if "error" in counts:
+            raise HostileMountError(f"hostilefs control socket: {counts['error']}")
+        return counts
 
     def unmount(self, grace: float = 2.0) -> None:
         """Unmount and stop the server. Idempotent; never leaves a stale mount.
@@ -982,10 +1125,12 @@ def mount(
     latency_ms: float = 0,
     timeout: float = 10.0,
     debug: bool = False,
+    count_ops: bool = False,
 ) -> HostileMount:
     """Mount hostilefs over ``backing`` at ``mountpoint`` and wait until it serves.
 
-    Both directories are created if missing.  Raises :class:`FuseUnavailable`
+    Both directories are created if missing.  ``count_ops`` counts every operation per
+    simulated node and kind (read them with :meth:`HostileMount.op_counts`).  Raises :class:`FuseUnavailable`
     when FUSE cannot work here and :class:`HostileMountError` for other
     failures.  The server runs as ``sys.executable .../hostilefs.py`` (by
     path, so a half-written ``sharedfs/__init__.py`` cannot break it), in
@@ -1009,6 +1154,12 @@ def mount(
            "--latency-ms", str(latency_ms), "--state-dir", state_dir, "--exit-with-parent"]
     if debug:
         cmd.append("--debug")
+    if count_ops:
+        if len(os.fsencode(os.path.join(state_dir, CONTROL_SOCKET))) >= 108:  # sun_path, NUL included
+            shutil.rmtree(state_dir, ignore_errors=True)
+            raise HostileMountError(f"the control socket path under {state_dir} is too long for a Unix socket: "
+                                    "point TMPDIR at a shorter directory")
+        cmd.append("--count-ops")
     cmd += [str(backing_p), str(mnt)]
     env = {k: v for k, v in os.environ.items()
            if k not in (NODE_ENV, "SHAREDFS_FAULT_PREFIXES")}  # the server is nobody's node
@@ -1017,7 +1168,7 @@ def mount(
         # test process has unmounted.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-    m = HostileMount(mnt, backing_p, profile, lag_ms, latency_ms, proc, state_dir)
+    m = HostileMount(mnt, backing_p, profile, lag_ms, latency_ms, proc, state_dir, count_ops)
     _LIVE.add(m)
     deadline = time.monotonic() + timeout
     try:
@@ -1029,10 +1180,21 @@ def mount(
                 raise HostileMountError(f"hostilefs did not mount {mnt} within {timeout}s:\n{m.log()}")
             time.sleep(0.02)
         os.stat(mnt)  # first request: returns once the server answers
+        if count_ops:
+            m.op_counts(reset=True)  # the socket is bound before the mount serves; start from zero
     except BaseException:
         m.unmount()
         raise
     return m
+
+
+def metadata_ops(counts: Mapping[str, Mapping[str, int]], node: Optional[str] = None) -> int:
+    """How many of ``counts`` (from :meth:`HostileMount.op_counts`) a metadata server would serve.
+
+    Summed over every node, or for ``node`` only.
+    """
+    nodes = [node] if node is not None else list(counts)
+    return sum(n for name in nodes for op, n in counts.get(name, {}).items() if op in METADATA_OPS)
 
 
 @atexit.register
