@@ -26,7 +26,7 @@ from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_avail
 from sharedfs.testing.nodes import node_env
 from sharedfs.testing.skips import skip_or_fail
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only")]
 
 #: SHAREDFS_POLL_INTERVAL, and the baselines' polling interval: equal pace per process.
 POLL = 0.5
