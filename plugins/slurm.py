@@ -28,7 +28,14 @@ alive as long as its job is; so is any holder of a heterogeneous job, whose
 One query per node, not per process: the answer is cached in a node-local
 directory private to the user and shared by all of the user's processes there
 (:func:`_shared_facts`), so 512 ranks waiting on one holder cost slurmctld one
-``squeue`` per :data:`CACHE_SECONDS`, not 512.
+``squeue`` per :data:`CACHE_SECONDS`, not 512.  And a constant rate per job,
+not per node: a node of an N-node job reuses an answer for N / JOB_QUERY_RATE
+seconds on average (at least CACHE_SECONDS), each node at its own random phase, so the
+whole job asks about JOB_QUERY_RATE times per second and some node still asks
+about every 1 / JOB_QUERY_RATE seconds (how soon a dead holder is noticed).
+slurmctld's per-user RPC rate limit (``SlurmctldParameters=rl_enable``) refills
+2 tokens per second by default (src/slurmctld/rate_limit.c), and every rank of
+a job runs as the same user: 1,024 nodes asking every 2 s would be 512/s.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import stat
@@ -101,6 +109,8 @@ DEAD_STATES = frozenset({
 })
 #: Waiters poll several times a second; each node asks the scheduler at most once per key per CACHE_SECONDS.
 CACHE_SECONDS = 2.0
+#: Queries per second one whole job makes about one holder (see the module doc); below rl_enable's default refill.
+JOB_QUERY_RATE = 1.0
 #: squeue retries an unreachable controller for a minute by default; a waiter must not hang on it.
 QUERY_TIMEOUT = 5.0
 #: A step (or running job) that started this much later than the holder took its lock is a later
@@ -444,7 +454,7 @@ def _facts(job: str, step: str | None) -> SlurmFacts:
         return hit[1]
     directory = _shared_dir() if SHARED_CACHE else None
     if directory is None:
-        expires, facts = time.time() + CACHE_SECONDS, _ask(job, step)
+        expires, facts = time.time() + _lifetime(), _ask(job, step)
     else:
         expires, facts = _shared_facts(directory, key, job, step)
     with _cache_lock:
@@ -454,7 +464,26 @@ def _facts(job: str, step: str | None) -> SlurmFacts:
 
 def _fresh(expires: float, now: float) -> bool:
     # The upper bound: an entry from a clock that later jumped back must not live on.
-    return now < expires <= now + CACHE_SECONDS
+    return now < expires <= now + 1.25 * _mean_lifetime()
+
+
+def _job_nodes() -> int:
+    """How many nodes this process's job has (1 outside Slurm, or when Slurm does not say)."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def _mean_lifetime() -> float:
+    return max(CACHE_SECONDS, _job_nodes() / JOB_QUERY_RATE)
+
+
+def _lifetime() -> float:
+    """How long this node reuses an answer: +-25 % at random in a big job, so that its nodes ask out of step."""
+    mean = _mean_lifetime()
+    return mean * random.uniform(0.75, 1.25) if mean > CACHE_SECONDS else CACHE_SECONDS
 
 
 def _shared_facts(directory: str, key: str, job: str, step: str | None) -> tuple[float, SlurmFacts]:
@@ -477,7 +506,7 @@ def _shared_facts(directory: str, key: str, job: str, step: str | None) -> tuple
             if cached and _fresh(cached[0], time.time()):
                 return cached  # another process asked while we waited
         facts = _ask(job, step)
-        expires = time.time() + CACHE_SECONDS
+        expires = time.time() + _lifetime()
         _write_cache(directory, path, key, expires, facts)
         return expires, facts
     finally:

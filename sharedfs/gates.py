@@ -11,10 +11,12 @@ shared filesystem nothing.  The shared filesystem's load while waiting then
 grows with the number of nodes, not ranks.
 
 Gates are an economy, never a safety mechanism: a node whose gate directory
-cannot be had (an unsafe node-local root) simply polls ungated, and says so
-once.  Gate files are never unlinked (an unlinked lock file splits its waiters
-across inodes: webdataset#386); there is one per contended thing, and the
-node-local root is per job under Slurm.
+cannot be had (an unsafe node-local root, or one on a shared filesystem, where
+a gate would cost the metadata server an open and a lock call per waiting rank
+and poll) simply polls ungated, and says so once.  Gate files are never
+unlinked (an unlinked lock file splits its waiters across inodes:
+webdataset#386); there is one per contended thing, and the node-local root is
+per job under Slurm.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from . import oslocks
+from . import choices, oslocks
 from .errors import UnsafeDirectoryError
 from .nodelocal import open_private, open_root, root_of, user_dir_name
 from .safefile import NOFOLLOW
@@ -34,6 +38,8 @@ log = logging.getLogger("sharedfs")
 _dirs: dict[str, int] = {}
 _dirs_lock = threading.Lock()
 _said: set[str] = set()
+#: Descriptors holding a gate in this process: a forked child drops its copies (see _forget_in_child).
+_held: set[int] = set()
 
 
 def _gate_dir() -> int | None:
@@ -44,6 +50,9 @@ def _gate_dir() -> int | None:
         fd = _dirs.get(key)
         if fd is not None:
             return fd
+        if _on_shared_storage(root.path):
+            _say_once(key, f"the node-local root {root.path} ({root.origin}) is on a shared filesystem")
+            return None
         try:
             root_fd = open_root(root)
             try:
@@ -55,12 +64,35 @@ def _gate_dir() -> int | None:
             finally:
                 os.close(user_fd)
         except (UnsafeDirectoryError, OSError) as exc:
-            if key not in _said:
-                _said.add(key)
-                log.info("no node gate directory (%s): waiting ranks of this node each poll the shared filesystem", exc)
+            _say_once(key, str(exc))
             return None
         _dirs[key] = fd
         return fd
+
+
+def _on_shared_storage(path: str) -> bool:
+    try:
+        return choices.filesystem(path).shared
+    except OSError:
+        return False  # opening it will tell
+
+
+def _say_once(key: str, why: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.info("no node gate directory (%s): waiting ranks of this node each poll the shared filesystem", why)
+
+
+def _open(key: str) -> int | None:
+    """A descriptor of ``key``'s gate file (not locked yet); ``None`` when gates are unavailable here."""
+    directory = _gate_dir()
+    if directory is None:
+        return None
+    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    try:
+        return os.open(name, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=directory)
+    except OSError:
+        return None
 
 
 def try_enter(key: str) -> int | None:
@@ -70,22 +102,55 @@ def try_enter(key: str) -> int | None:
     process of this node holds it; ``-1`` when gates are unavailable here, which makes every
     caller its own representative (and :func:`leave` of it a no-op).
     """
-    directory = _gate_dir()
-    if directory is None:
-        return -1
-    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
-    try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=directory)
-    except OSError:
+    fd = _open(key)
+    if fd is None:
         return -1
     state, _ = oslocks.try_lock(fd, "flock")
     if state == "held":
+        _held.add(fd)
         return fd
     os.close(fd)
     return -1 if state == "failed" else None
 
 
+@contextmanager
+def turn(key: str) -> Iterator[None]:
+    """Hold ``key``'s gate for the block, waiting (node-locally, without limit) while another process has it.
+
+    For work that one process per node should do first, the others after it (who then usually
+    find it done); a process that dies in its turn hands it on (the kernel drops its flock).
+    """
+    fd = _open(key)
+    if fd is not None:
+        try:
+            oslocks.lock(fd, "flock", blocking=True)
+        except OSError:
+            os.close(fd)  # flock refused here: everyone takes their turn at once, as without gates
+            fd = None
+    if fd is not None:
+        _held.add(fd)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            leave(fd)
+
+
 def leave(fd: int) -> None:
     """Give the gate up (closing the descriptor drops its flock)."""
-    if fd >= 0:
+    if fd in _held:  # not a gate of this process (-1, or one a fork dropped): its number may be reused
+        _held.discard(fd)
         os.close(fd)
+
+
+def _forget_in_child() -> None:
+    """A forked child represents nobody: it drops its copies of the parent's gates (the parent keeps them)."""
+    for fd in list(_held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

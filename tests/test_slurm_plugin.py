@@ -306,3 +306,17 @@ def test_stale_entries_are_swept(fake: Path) -> None:
     os.utime(old, (time.time() - 2 * plugin.STALE_SECONDS,) * 2)
     plugin._sweep(str(directory))
     assert (old.exists(), new.exists()) == (False, True)
+
+
+def test_a_big_job_asks_the_scheduler_at_a_constant_rate_whatever_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rl_enable gives a user 2 RPCs per second by default; 1,024 nodes asking every 2 s would be 512."""
+    for nodes in (1, 2):
+        monkeypatch.setenv("SLURM_JOB_NUM_NODES", str(nodes))
+        assert plugin._lifetime() == plugin.CACHE_SECONDS  # small jobs: as before
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1024")
+    lifetimes = [plugin._lifetime() for _ in range(2000)]
+    assert 0.75 * 1024 <= min(lifetimes) and max(lifetimes) <= 1.25 * 1024
+    job_rate = sum(1 / lifetime for lifetime in lifetimes) / len(lifetimes) * 1024
+    assert job_rate <= 1.1 * plugin.JOB_QUERY_RATE, job_rate
+    now = 1e9
+    assert plugin._fresh(now + max(lifetimes), now) and not plugin._fresh(now + 1.3 * 1024, now)

@@ -353,7 +353,7 @@ def _forget_holds_in_child() -> None:
         # child; older releases do neither, so sharedfs does it for them.
         filelock_resets = hasattr(made, "_reset_after_fork_in_child")
         for hold in list(state.holds.values()):
-            fds = {hold.fd, hold.marker_fd, hold.gate} - {None, -1}
+            fds = {hold.fd, hold.marker_fd} - {None}  # sharedfs.gates drops its own descriptors in a child
             if filelock_resets:
                 fds.discard(hold.fd)
             for fd in fds:

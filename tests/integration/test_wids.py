@@ -94,7 +94,9 @@ def test_wids_cache_on_flockless_storage_fails_without_sharedfs_and_works_with(
         assert_all_ok(results)
         assert all(_last_json(r.stdout) == expected for r in results)
         assert server.counts() == {name: 1 for name in server.shard_names()}  # once for all 8 processes
-    assert "-> soft" in results[0].stderr  # FUSE: no trustworthy lock, so an existence lock was chosen
+    # FUSE: no trustworthy lock, so an existence lock was chosen (by the processes that took one: the
+    # others of a node found the shard their node's first reader fetched, without the lock).
+    assert any("-> soft" in r.stderr for r in results)
 
 
 # webdataset#386's mechanism, without any network: ULockFile unlinks its lock file on release,
