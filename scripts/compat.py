@@ -461,7 +461,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{cell.name}: {results[-1].status}")
     print()
     print(table(results))
-    print(f"\ncompat: {len(results)} cell(s) in {(time.monotonic() - started) / 60:.1f} min")
+    print(f"\n{len(results)} cell(s) in {(time.monotonic() - started) / 60:.1f} min")
+    if not args.build_only:  # the plain closing line CI reads: every test of every cell
+        print(f"compat: {sum(r.passed for r in results)} passed, {sum(r.failed for r in results)} failed, "
+              f"{sum(r.skipped for r in results)} skipped")
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2) + "\n")
