@@ -96,7 +96,8 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
     needs = {"datasets, Lustre without -o flock (ENOSYS)": "datasets", "datasets, NFS without lockd (ENOLCK)":
              "datasets", "wids cache on storage without flock (ENOLCK)": "wids",
              "8 webdataset readers share one cache_dir": "webdataset",
-             "Dataset from a node-local cache sent to another node": "datasets"}
+             "Dataset from a node-local cache sent to another node": "datasets",
+             "torch C++ extension build killed half-way": "torch"}
     for name, module in needs.items():
         scenario = by_name[name]
         assert scenario["verdict"] == "skipped" and scenario["without"] is None, scenario
@@ -110,7 +111,7 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
     assert {s["name"] for s in ran} == {"lock of a killed job on another node", "a live lock is never broken"}
     assert all(s["fixed"] for s in ran), ran
     assert "ModuleNotFoundError" not in json.dumps(report)
-    assert report["summary"].startswith("2 of 2 field failures that ran here were reproduced and fixed; 8 skipped")
+    assert report["summary"].startswith("2 of 2 field failures that ran here were reproduced and fixed; 9 skipped")
 
 
 def _run_on_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
@@ -219,6 +220,7 @@ def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) ->
                                         "datasets, NFS without lockd (ENOLCK)", "lock of a killed job on another node",
                                         "a live lock is never broken", "wids cache on storage without flock (ENOLCK)",
                                         "8 webdataset readers share one cache_dir",
-                                        "Dataset from a node-local cache sent to another node"}
+                                        "Dataset from a node-local cache sent to another node",
+                                        "torch C++ extension build killed half-way"}
     assert all(s["fixed"] for s in ran), ran
     assert all("needs FUSE" in s["skipped"] for s in report["scenarios"] if s["skipped"])

@@ -400,8 +400,9 @@ def test_ranks_of_a_node_share_one_scheduler_query(slurm_cluster: SlurmCluster, 
           f"({rates['per-process']:.2f}/s)")
     # At most one query per CACHE_SECONDS for the node (+1: the first one, at the start) ...
     assert counts["shared"] <= windows["shared"] / plugin.CACHE_SECONDS + 1, (counts, windows)
-    # ... where each rank asking for itself costs about 8 times as much.
-    assert counts["per-process"] >= 4 * counts["shared"], (counts, windows)
+    # ... where each rank asking for itself costs about 8 times as much on a quiet machine (ranks
+    # slowed by a loaded machine ask less often; measured 3.2x to 7.6x here).
+    assert counts["per-process"] >= 2.5 * counts["shared"], (counts, windows)
 
 
 # -- 3. `sharedfs env` in a batch script ----------------------------------------------------------
