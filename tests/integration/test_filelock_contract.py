@@ -19,8 +19,23 @@ from pathlib import Path
 
 import pytest
 from conftest import clean_env
+from packaging.version import Version
 
 CHECKS = str(Path(__file__).parents[1] / "contract_checks.py")
+
+
+def upstream_breaks(which: str) -> set[str]:
+    """The checks the framework's own class fails with the filelock installed: the replacement must fail them too.
+
+    filelock < 3.30 hands a subclass whose ``__init__`` takes ``**kwargs`` none of the lock options
+    (filelock#628, fixed in 3.30.0), and datasets' FileLock is one (datasets#8637): its
+    ``timeout=``, ``mode=``, ``thread_local=`` and ``blocking=`` are silently dropped.
+    """
+    import filelock
+
+    if which == "datasets" and Version(filelock.__version__) < Version("3.30"):
+        return {"check_properties_and_constructor_options"}
+    return set()
 
 
 def run(which: str, tmp_path: Path, **env: str) -> dict:
@@ -37,8 +52,9 @@ def test_the_framework_class_and_its_replacement_pass_the_same_contract(tmp_path
     stock = run(which, tmp_path, SHAREDFS_DISABLE="1")
     replaced = run(which, tmp_path)
     assert not stock["class"].startswith("sharedfs") and replaced["class"].startswith("sharedfs.shims.")
-    assert set(stock["results"].values()) == {"ok"}, stock  # the library defines the contract ...
-    assert replaced["results"] == stock["results"]  # ... and the replacement keeps it
+    failed = {name for name, result in stock["results"].items() if result != "ok"}
+    assert failed == upstream_breaks(which), stock  # the library defines the contract ...
+    assert replaced["results"] == stock["results"]  # ... and the replacement keeps it (drop-in means identical)
 
 
 def test_sharedfs_lock_passes_filelocks_contract(tmp_path: Path) -> None:
