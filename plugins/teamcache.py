@@ -1,13 +1,29 @@
-"""Team caches: a directory a group of users shares, so what sharedfs creates there must be the group's too.
+"""Team caches: a directory a group of users shares, so what is created there must be the group's too.
 
 A lab puts one ``HF_HOME`` on Lustre for everyone, as a setgid, group-writable
 directory.  With the default umask 022 the first user's lock file is 0644 and the
 next user cannot take it (datasets#7900, datasets#6589, datasets#2065;
-huggingface_hub fixed its own lock files in huggingface_hub#2580).  A directory
-is a team cache when the ``shared_group`` setting names its group, or when it is
-setgid and group-writable, or when its default ACL grants a group write access
-(``setfacl -d -m g:<group>:rwX``); sharedfs then creates its lock files and
-markers there with group read/write and that group, whatever the creator's umask.
+huggingface_hub fixed its own lock files in huggingface_hub#2580), and every
+directory the first user's framework made is 2755, so the next user cannot add
+a dataset, a blob or a shard to it.
+
+A directory is a team cache when
+
+* the ``shared_group`` setting (``SHAREDFS_SHARED_GROUP``) names a group: every
+  directory is then the group's (the user said so);
+* it is setgid and group-writable: the way a site sets up a project directory
+  (``chmod 2775``); its group is the team;
+* its default ACL grants a named group write access (``setfacl -d -m g:<group>:rwX``);
+* it is a setgid directory *inside* such a directory, with the same group, that
+  the group may still enter and read: a directory a framework made there under a
+  restrictive umask (2755 under 022).  The walk climbs only while the setgid bit
+  and the group are inherited unchanged, and stops at a directory the group may
+  not read (2700: private on purpose), so a user's private directory inside a
+  project directory never becomes the team's.
+
+sharedfs then creates its lock files and markers there with group read/write and
+that group, whatever the creator's umask (``sharedfs.locks``), and gives the group
+what the frameworks create in their caches there (``sharedfs.teamfiles``).
 Nothing outside such a directory is widened.
 """
 
@@ -16,16 +32,14 @@ from __future__ import annotations
 import grp
 import os
 import stat
-import struct
 
 from sharedfs._policy import Policy, TeamCache
 from sharedfs.errors import ConfigError
 from sharedfs.hookspecs import hookimpl
+from sharedfs.teamfiles import default_acl_group
 
-#: ``system.posix_acl_default``: a 4-byte version header, then (tag u16, perm u16, id u32) entries.
-_ACL_VERSION = 2
-_ACL_GROUP = 0x08  # a named group entry
-_ACL_WRITE = 0x02
+#: The group may enter and list a directory: it is not private on purpose.
+_GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
 
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
@@ -38,11 +52,35 @@ def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
     if policy.shared_group:
         gid = _gid(policy.shared_group, policy.source("shared_group"))
         return TeamCache(gid, 0o660 | others, f"{policy.source('shared_group')}={policy.shared_group}")
+    current, current_st = directory, st
+    for _ in range(64):  # a setgid chain deeper than this is not a cache layout
+        found = _team_here(current, current_st, others)
+        if found is not None:
+            if current != directory:
+                found = TeamCache(found.gid, found.file_mode, f"{found.reason}; {directory} is inside it")
+            return found
+        if not current_st.st_mode & stat.S_ISGID or current_st.st_mode & _GROUP_RX != _GROUP_RX:
+            return None  # not inherited from a team directory, or private on purpose
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        try:
+            parent_st = os.stat(parent)
+        except OSError:
+            return None
+        if not parent_st.st_mode & stat.S_ISGID or parent_st.st_gid != current_st.st_gid:
+            return None  # the setgid chain (and with it the group) was not inherited from there
+        current, current_st = parent, parent_st
+    return None
+
+
+def _team_here(directory: str, st: os.stat_result, others: int) -> TeamCache | None:
+    """The team this directory itself declares: setgid and group-writable, or a default ACL for a group."""
     if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IWGRP:
         mode = stat.S_IMODE(st.st_mode)
         return TeamCache(st.st_gid, 0o660 | others,
                          f"{directory} is setgid and writable by group {_name(st.st_gid)} (mode {mode:o})")
-    gid = _acl_group(directory)
+    gid = default_acl_group(directory)
     if gid is not None:
         return TeamCache(gid, 0o660 | others, f"the default ACL of {directory} lets group {_name(gid)} write")
     return None
@@ -64,18 +102,3 @@ def _name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
-
-
-def _acl_group(directory: str) -> int | None:
-    """The first group a default ACL on ``directory`` grants write access, if any."""
-    try:
-        raw = os.getxattr(directory, "system.posix_acl_default")
-    except (OSError, AttributeError):  # no ACL, a filesystem without them, or no xattr support
-        return None
-    if len(raw) < 4 or struct.unpack_from("<I", raw)[0] != _ACL_VERSION:
-        return None
-    for offset in range(4, len(raw) - 7, 8):
-        tag, perm, ident = struct.unpack_from("<HHI", raw, offset)
-        if tag == _ACL_GROUP and perm & _ACL_WRITE:
-            return ident
-    return None

@@ -58,6 +58,21 @@ A ``<cache>/.sharedfs/`` without ``stripes/`` was left by an earlier sharedfs
 version uses the cache -- processes of that version do not coordinate with
 this layout.
 
+Team caches
+-----------
+A cache in a directory a group shares (setgid and group-writable, a default ACL
+for a group, or ``SHAREDFS_SHARED_GROUP``: see ``plugins/teamcache.py``) is filled
+by several users, each with her own umask.  Under umask 022 the framework makes
+the cache directory 2755 and the first user's coordination tree would copy that
+mode, so the next member could neither publish a shard nor leave an in-use marker.
+In a team cache every entry this module makes is the group's, whatever the umask:
+the cache directory (if this user made it) and the coordination tree get the
+group's bits (g+rwx, setgid) and group; records, and every published shard (made by
+the framework's downloader, a Python ``open`` or ``curl``, in the private download
+directory), get g+rw and the group through their descriptor before they are
+renamed into place.  The private download directories stay 0700: they are what
+keeps a member from swapping the file a downloader writes to.
+
 Hostile neighbours
 ------------------
 A cache shared by a group is group-writable, and so is its coordination tree:
@@ -102,6 +117,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Callable
 
+from . import teamfiles
 from .errors import LockTimeout, UnsafeDirectoryError, WaitTimeout
 from .records import HolderRecord
 from .safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
@@ -109,7 +125,7 @@ from .safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
 
-    from ._policy import Policy
+    from ._policy import Policy, TeamCache
 
 log = logging.getLogger("sharedfs")
 
@@ -194,6 +210,8 @@ class Layout:
     cache: str  # the cache directory, symlinks resolved
     root: str  # the coordination tree: the sibling, or <cache>/.sharedfs
     inside: bool  # True for the fallback inside the cache
+    #: The cache is a team cache (a group shares it): what this module makes there is the group's.
+    team: TeamCache | None = None
 
     def part(self, name: str) -> str:
         return os.path.join(self.root, name)
@@ -222,25 +240,26 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
     if known is not None:
         return known
     real, sibling, inside = _paths(absolute, policy)
+    team = _team_cache(real, policy)
     for _ in range(4):  # created (or found invisible and waited for), then looked at again
         cache_st = os.stat(real)
         if _sibling_usable(sibling, real, cache_st):
-            return _remember(absolute, Layout(real, sibling, False))
+            return _remember(absolute, Layout(real, sibling, False, team))
         if _is_dir(os.path.join(inside, "stripes")):
             _say_inside(real, f"it exists there already (made by a process that could not use {sibling})")
-            return Layout(real, inside, True)
+            return Layout(real, inside, True, team)
         refused = _sibling_refused(real, sibling, cache_st)
         if refused is None:
             try:
-                _create_tree(sibling, cache_st)
+                _create_tree(sibling, cache_st, team)
                 continue  # look again: someone may have won the race with a tree we must not trust
             except OSError as exc:
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise
                 refused = f"this process may not create {sibling} ({exc.strerror})"
-        if _create_tree(inside, cache_st):
+        if _create_tree(inside, cache_st, team):
             _say_inside(real, refused)
-            return Layout(real, inside, True)
+            return Layout(real, inside, True, team)
     raise WaitTimeout(f"the coordination directory of {real} exists on another node but never became visible "
                       f"here within {LAG_BOUND:g} s (looked for {sibling} and {inside})")
 
@@ -270,6 +289,28 @@ def _drop_orphans() -> None:
     for lay in list(_layouts.values()):
         if not os.path.lexists(lay.cache) and _is_dir(lay.root):
             shutil.rmtree(lay.root, ignore_errors=True)  # never follows a symlink
+
+
+def _team_cache(real: str, policy: Policy | None) -> TeamCache | None:
+    """The cache's team, if a group shares it; the cache directory itself is given to the group if it is ours.
+
+    The framework made it (webdataset's ``FileCache``, wids' ``ShardListDataset``), with the
+    creator's umask: 2755 under 022 would keep every other member from publishing a shard.
+    """
+    team = teamfiles.team_of(real, _current(policy))
+    if team is None:
+        return None
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError:
+        return team
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid():
+            teamfiles.give_fd(fd, team, st)
+    finally:
+        os.close(fd)
+    return team
 
 
 def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str]:
@@ -348,8 +389,8 @@ def _is_mount_point(real: str) -> bool:
         return False
 
 
-def _create_tree(target: str, cache_st: os.stat_result) -> bool:
-    """Create the coordination tree ``target`` atomically, with the cache's group and mode.
+def _create_tree(target: str, cache_st: os.stat_result, team: TeamCache | None = None) -> bool:
+    """Create the coordination tree ``target`` atomically, with the cache's group and mode (a team's: the group's).
 
     True when it exists (made here or by someone else, and visible); False when someone else
     made it and it is not visible here yet (the caller looks again).  Built in a staging
@@ -361,7 +402,7 @@ def _create_tree(target: str, cache_st: os.stat_result) -> bool:
         for sub in SUBDIRS:
             os.mkdir(os.path.join(staging, sub), 0o700)
         for path in (*(os.path.join(staging, sub) for sub in SUBDIRS), staging):
-            _mirror(path, cache_st)
+            _mirror(path, cache_st, team)
         os.rename(staging, target)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -372,12 +413,14 @@ def _create_tree(target: str, cache_st: os.stat_result) -> bool:
     return True
 
 
-def _mirror(path: str, cache_st: os.stat_result) -> None:
+def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) -> None:
     """Give the directory ``path`` (just made by us) the cache's group and permissions.
 
-    Whoever may fill the cache may coordinate.  Through a descriptor, never by name: in a
-    group-writable tree a member could swap the new directory for a symlink to one of ours
-    between our mkdir and a chmod, which would then open up our own directory.
+    Whoever may fill the cache may coordinate.  In a team cache that is the whole group,
+    whatever mode the cache directory got from its creator's umask: the team's group,
+    g+rwx and setgid.  Through a descriptor, never by name: in a group-writable tree a
+    member could swap the new directory for a symlink to one of ours between our mkdir
+    and a chmod, which would then open up our own directory.
     """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
     try:
@@ -385,11 +428,12 @@ def _mirror(path: str, cache_st: os.stat_result) -> None:
             raise UnsafeDirectoryError(f"{path} was replaced right after this process created it; "
                                        "someone with write access to the cache is interfering")
         try:
-            os.fchown(fd, -1, cache_st.st_gid)
+            os.fchown(fd, -1, team.gid if team is not None else cache_st.st_gid)
         except OSError:
             pass  # not a member of that group: the directory keeps ours
         # Never the sticky bit: evictors remove other users' stale markers and claims.
-        os.fchmod(fd, (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700)
+        mode = (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700
+        os.fchmod(fd, teamfiles.group_mode(mode, True) if team is not None else mode)
     finally:
         os.close(fd)
 
@@ -430,7 +474,7 @@ def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, str
                 raise
             forget(cache_dir)  # the whole tree (or the cache) was removed: resolve it again
             continue
-        _mirror(path, os.stat(lay.cache))
+        _mirror(path, os.stat(lay.cache), lay.team)
         return lay, path
     raise AssertionError("unreachable")
 
@@ -449,11 +493,12 @@ def _space_error(exc: OSError, what: str, path: str, cache: str) -> OSError:
                               "writes a few hundred bytes for each shard being read or downloaded)", path)
 
 
-def _create_record(path: str, record: HolderRecord, what: str, cache: str) -> int:
+def _create_record(path: str, record: HolderRecord, what: str, cache: str, team: TeamCache | None = None) -> int:
     """Create ``path`` (O_EXCL, no symlink followed) holding ``record``; returns its open descriptor.
 
     A record that cannot be written completely is removed at once: an empty marker would
-    otherwise keep its shard for GARBLED_GRACE, and say nothing about why.
+    otherwise keep its shard for GARBLED_GRACE, and say nothing about why.  In a team
+    cache it is the group's (g+rw, the team's group).
     """
     try:
         fd = create_exclusive(path, RECORD_MODE)
@@ -463,6 +508,8 @@ def _create_record(path: str, record: HolderRecord, what: str, cache: str) -> in
         raise
     try:
         os.fchmod(fd, RECORD_MODE)  # ignore a restrictive umask: evictors of other users must read it
+        if team is not None:
+            teamfiles.give_fd(fd, team)
         write_all(fd, record.to_bytes())
     except BaseException as exc:
         _unlink_if_same(path, fd)
@@ -531,7 +578,7 @@ class InUse:
             lay, directory = _tree(cache_dir, "inuse", current)
             path = os.path.join(directory, name)
             try:
-                os.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache))
+                os.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache, lay.team))
             except FileNotFoundError:
                 if attempt:
                     raise
@@ -608,9 +655,20 @@ def open_shard(dest: str, download: Download, *, mode: str = "rb", validate: Cal
             return open(dest, mode), marker
         except FileNotFoundError:
             pass
-        with shard_lock(dest, policy=current):
-            ensure(dest, download, validate=validate, policy=current)
-            return open(dest, mode), marker
+        # One process per node goes for the shard lock; the node's others wait their turn on
+        # node-local storage and then find the shard there, without passing through the lock
+        # one by one (the shared filesystem sees nodes, not ranks).  Never taken while holding a
+        # shard lock, so it cannot deadlock with one.
+        from . import gates
+
+        with gates.turn(f"shard:{os.path.abspath(dest)}"):
+            try:
+                return open(dest, mode), marker
+            except FileNotFoundError:
+                pass
+            with shard_lock(dest, policy=current):
+                ensure(dest, download, validate=validate, policy=current)
+                return open(dest, mode), marker
     except BaseException:
         marker.release()
         raise
@@ -628,9 +686,9 @@ class _Claim:
         self.fd: int | None = fd
 
     @classmethod
-    def take(cls, path: str, record: HolderRecord, cache: str) -> _Claim:
+    def take(cls, path: str, record: HolderRecord, cache: str, team: TeamCache | None = None) -> _Claim:
         """Raises FileExistsError when someone else claimed it first."""
-        return cls(path, _create_record(path, record, f"the download claim {os.path.basename(path)}", cache))
+        return cls(path, _create_record(path, record, f"the download claim {os.path.basename(path)}", cache, team))
 
     def publish(self, record: HolderRecord) -> None:
         assert self.fd is not None
@@ -699,7 +757,7 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
     claim_path = os.path.join(claims, shard_key)
     record = HolderRecord.mine(current.node_id, "downloading")
     try:
-        claim = _Claim.take(claim_path, record, lay.cache)
+        claim = _Claim.take(claim_path, record, lay.cache, lay.team)
     except FileExistsError:
         # Someone claimed this shard before us and has released the lock since: it either
         # published it (and the name is not visible here yet: lagging metadata) or died
@@ -709,7 +767,7 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
             return False
         _remove_downloads(lay, shard_key)  # holding the lock: any partial of this shard is a dead one's
         _unlink(claim_path)
-        claim = _Claim.take(claim_path, record, lay.cache)
+        claim = _Claim.take(claim_path, record, lay.cache, lay.team)
     private = None
     try:
         private = _PrivateDir(_tree(cache_dir, "tmp", current)[1], shard_key)
@@ -717,7 +775,7 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
         private.fsync(name)
         if validate is not None:
             validate(private.file(name))
-        _publish(private, name, dest)
+        _publish(private, name, dest, lay.team)
         claim.publish(HolderRecord.mine(current.node_id, "published"))
     except BaseException:
         claim.abandon()
@@ -731,19 +789,29 @@ def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | N
 _copied: set[str] = set()
 
 
-def _publish(private: _PrivateDir, name: str, dest: str) -> None:
-    """Rename the finished download to ``dest``; across quota realms (EXDEV) copy it in first."""
+def _publish(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
+    """Rename the finished download to ``dest``; across quota realms (EXDEV) copy it in first.
+
+    In a team cache the shard is the group's first, through a descriptor in the private
+    directory (nobody else can swap it there): the downloader made it with its umask.
+    """
+    if team is not None:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=private.fd)
+        try:
+            teamfiles.give_fd(fd, team)
+        finally:
+            os.close(fd)
     try:
         os.rename(name, dest, src_dir_fd=private.fd)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
         # Same mount, yet "cross-device": CephFS quota realms, XFS/Lustre project quotas.
-        _copy_in(private, name, dest)
+        _copy_in(private, name, dest, team)
     _fsync_dir(os.path.dirname(os.path.abspath(dest)))
 
 
-def _copy_in(private: _PrivateDir, name: str, dest: str) -> None:
+def _copy_in(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
     directory = os.path.dirname(os.path.abspath(dest))
     if directory not in _copied:
         _copied.add(directory)
@@ -760,6 +828,8 @@ def _copy_in(private: _PrivateDir, name: str, dest: str) -> None:
             with open(src, "rb", closefd=False) as reader, open(out, "wb", closefd=False) as writer:
                 shutil.copyfileobj(reader, writer, 1 << 20)
             os.fsync(out)
+            if team is not None:
+                teamfiles.give_fd(out, team)
             if not _same_file(temp, out):
                 raise UnsafeDirectoryError(f"{temp} was replaced while sharedfs copied a shard into it")
             os.rename(temp, dest)
@@ -831,20 +901,24 @@ def _published_visible(dest: str, record: HolderRecord, policy: Policy) -> bool:
     return True
 
 
-def download_atomic(dest: str, write: Download) -> None:
+def download_atomic(dest: str, write: Download, policy: Policy | None = None) -> None:
     """Write ``dest`` through a unique temp file, fsync and rename: never a partial ``dest``.
 
     For callers without the per-shard protocol (webdataset's module-level ``download``).
     The temp file is created here (O_EXCL) and ``write`` gets a path through our
-    descriptor, so a symlink planted at the temp name is never written through.
+    descriptor, so a symlink planted at the temp name is never written through.  In a
+    team cache the file is the group's before it gets its name.
     """
     directory = os.path.dirname(os.path.abspath(dest))
     temp = os.path.join(directory, f".{os.path.basename(dest)}.{_tag()}.part")
+    team = teamfiles.team_of(directory, _current(policy))
     fd = create_exclusive(temp, 0o666)
     try:
         proc = f"/proc/{os.getpid()}/fd/{fd}"
         write(proc if os.path.exists(proc) else temp)
         os.fsync(fd)
+        if team is not None:
+            teamfiles.give_fd(fd, team)
         if not _same_file(temp, fd):
             raise UnsafeDirectoryError(f"{temp} was replaced while a download was written to it")
         os.rename(temp, dest)

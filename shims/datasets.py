@@ -10,7 +10,7 @@ The replacement keeps datasets' own behaviour (long-name hashing, umask-based
 mode, wait forever by default) and lets the plugins choose the lock kind for
 each path.
 
-Three more changes, each for a failure no filelock release can fix:
+Four more changes, each for a failure no filelock release can fix:
 
 * ``Dataset.map`` runs under a lock per input dataset, so N ranks that map the
   same cached dataset compute it once and the others load the result
@@ -26,6 +26,18 @@ Three more changes, each for a failure no filelock release can fix:
   node-local root; the receiver opens its own node's copy when that node
   prepared one, and otherwise raises :class:`NodeLocalDatasetError` explaining
   the cause and the two fixes.
+* Team caches (a lab's ``HF_HOME`` in a setgid, group-writable directory; see
+  ``plugins/teamcache.py``): under the default umask 022 datasets makes every
+  directory there 2755 and every file 0644, so the next member of the group
+  cannot add a dataset or a map result, nor open a lock file for writing
+  (datasets#7900, datasets#6589, datasets#2065).  The cache root is watched
+  (:mod:`sharedfs.teamfiles`): what this process creates under it is given to the
+  group -- directories g+rwx and setgid, files g+rw, by descriptor and only this
+  user's entries -- before each datasets lock is tried or released, when
+  ``download_and_prepare`` and ``map`` return (including what ``num_proc``
+  workers wrote), and at exit.  The umask is never changed: it is the whole
+  process's, and lowering it around a call would widen what every other thread
+  creates meanwhile, anywhere.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs import choices
+from sharedfs import choices, teamfiles
 from sharedfs._policy import Policy
 from sharedfs.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
@@ -81,8 +93,9 @@ class DatasetsShim(Shim):
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         original = sys.modules["datasets.utils._filelock"].FileLock
-        # datasets' own class (name hashing, umask-based mode) with sharedfs's kinds behind it.
-        replacement = drop_in(original, policy, __name__)
+        # datasets' own class (name hashing, umask-based mode) with sharedfs's kinds behind it; in a team
+        # cache, what datasets made around a lock is the group's before the lock is tried or released.
+        replacement = teamfiles.settling(drop_in(original, policy, __name__))
         for site in LOCK_SITES:
             site_module = sys.modules.get(site)
             if site_module is not None and getattr(site_module, "FileLock", None) is original:
@@ -91,6 +104,34 @@ class DatasetsShim(Shim):
         self._patch_pickling(sys.modules["datasets.table"].MemoryMappedTable, policy)
         if context.cache is not None and context.cache.path:
             self._place_cache(Path(context.cache.path))
+        self._patch_builder(sys.modules["datasets.builder"].DatasetBuilder, policy)
+        teamfiles.watch(sys.modules["datasets.config"].HF_DATASETS_CACHE, policy, self.patcher)
+
+    # -- team caches: what a builder writes becomes the group's ----------------------------------
+
+    def _patch_builder(self, builder_cls: type, policy: Policy) -> None:
+        original = builder_cls.__dict__["download_and_prepare"]
+        patcher = self.patcher
+
+        @functools.wraps(original, assigned=_NAME_AND_DOC)
+        def download_and_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+            root = getattr(self, "_cache_dir_root", None)
+            team = teamfiles.watch(root, policy, patcher) if isinstance(root, str) and "://" not in root else None
+            # num_proc workers write the Arrow shards and leave by os._exit, unseen by the recorder: when
+            # this call prepares the dataset with them, its output directory is walked afterwards (once,
+            # by the preparer; every later load finds it prepared and walks nothing).
+            output = kwargs.get("output_dir") or getattr(self, "_output_dir", None)
+            walk = (team is not None and kwargs.get("num_proc") is not None and isinstance(output, str)
+                    and not os.path.exists(os.path.join(output, "dataset_info.json")))
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if team is not None:
+                    teamfiles.settle_pending()
+                    if walk and os.path.isdir(str(output)):
+                        teamfiles.give_tree(str(output))
+
+        self.patcher.setattr(builder_cls, "download_and_prepare", download_and_prepare)
 
     # -- Dataset.map: one computation per input, the other ranks load it ---------------------
 
@@ -163,15 +204,33 @@ def make_locked_map(original: Callable[..., Any], policy: Policy) -> Callable[..
         except LockTimeout:  # someone is computing it: wait for them, then load their result
             shared.acquire()
             shared.release()
-            return original(self, *args, **kwargs)
+            return _settled(original(self, *args, **kwargs), lock_file, kwargs)
         held.add(lock_file)
         try:
-            return original(self, *args, **kwargs)
+            return _settled(original(self, *args, **kwargs), lock_file, kwargs)
         finally:
             held.discard(lock_file)
+            teamfiles.settle_pending()  # in a team cache: the result is the group's before others get the lock
             shared.release()
 
     return map
+
+
+def _settled(result: Any, lock_file: str, kwargs: dict[str, Any]) -> Any:
+    """``map``'s result, its cache files given to the group when they are in a watched team cache.
+
+    The recorder sees what this process wrote; ``num_proc`` workers write their shards and
+    leave by ``os._exit``, so their files are named here, from the result.
+    """
+    if teamfiles.WATCHED.root_of(os.path.abspath(lock_file)) is None:
+        return result
+    teamfiles.settle_pending()
+    if kwargs.get("num_proc") is not None:  # datasets 5 maps in a worker pool for any num_proc, 1 included
+        for entry in getattr(result, "cache_files", None) or ():
+            name = entry.get("filename") if isinstance(entry, dict) else None
+            if name:
+                teamfiles.give(name)
+    return result
 
 
 def _map_lock_file(dataset: Any, kwargs: dict[str, Any]) -> str | None:

@@ -23,13 +23,29 @@ acquire lock on ..." INFO lines every ``FILELOCK_LOG_EVERY_SECONDS``, its
 weak release and its 0o664 lock files are exactly upstream's.  hub 2.x also
 locks its shared xet blob store with ``filelock.FileLock`` in
 ``utils._shared_blobs``; that module's ``FileLock`` name is replaced too.
+
+Team caches (a lab's ``HF_HOME`` in a setgid, group-writable directory; see
+``plugins/teamcache.py``): the hub makes its lock files 0o664 (huggingface_hub#2580),
+but every directory it makes (``blobs/``, ``snapshots/<commit>/``, ``refs/``,
+``.locks/<repo>/``) is 2755 under umask 022, so the next member of the group
+cannot add a blob, a snapshot or a lock file, and the first download of a new file
+fails with ``PermissionError`` on its lock -- or, with sharedfs before this change,
+waited for that lock forever.  The hub cache (``HF_HUB_CACHE``, and the cache of a
+``cache_dir=`` argument, found from its ``.locks`` directory) is watched
+(:mod:`sharedfs.teamfiles`): what this process creates there is given to the group
+-- directories g+rwx and setgid, files g+rw, by descriptor and only this user's --
+before each hub lock is tried (the directories the hub made for the download exist
+by then) or released (the blob and the snapshot link are in place by then), and at
+exit.  ``HF_HOME`` itself, with the token files in it, is never touched.
 """
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from types import ModuleType
 
+from sharedfs import teamfiles
 from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import drop_in
@@ -52,13 +68,25 @@ class HuggingFaceHubShim(Shim):
     supported = ">=0.22,<3"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        self.patcher.setattr(module, "FileLock", drop_in(module.FileLock, policy, __name__))
+        self.patcher.setattr(module, "FileLock", _settling(drop_in(module.FileLock, policy, __name__)))
+        constants = import_module("huggingface_hub.constants")  # _fixes imported it already
+        teamfiles.watch(constants.HF_HUB_CACHE, policy, self.patcher)
         try:
             blobs = import_module(SHARED_BLOBS)  # stdlib + filelock only: ~1 ms
         except ImportError:
             return  # hub < 2: no shared blob store
         if hasattr(blobs, "FileLock"):
-            self.patcher.setattr(blobs, "FileLock", drop_in(blobs.FileLock, policy, __name__))
+            self.patcher.setattr(blobs, "FileLock", _settling(drop_in(blobs.FileLock, policy, __name__)))
+
+
+def _cache_of(lock_file: str) -> str | None:
+    """The hub cache a lock file belongs to: every hub lock is ``<cache>/.locks/<repo>/<name>.lock``."""
+    head, sep, _ = lock_file.rpartition(f"{os.sep}.locks{os.sep}")
+    return head if sep else None
+
+
+def _settling(cls: type) -> type:
+    return teamfiles.settling(cls, team_root=_cache_of)
 
 
 @hookimpl

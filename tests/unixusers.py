@@ -23,11 +23,17 @@ class User:
     gid: int
 
     def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
-        """A real process of this user: its uid, its own group, no supplementary groups."""
+        """A real process of this user: its uid, its own group, no supplementary groups.
+
+        In a process group of its own (a new session), so that cleanup can end it and everything
+        it started without ever signalling the test runner's own group.
+        """
+        kwargs.setdefault("start_new_session", True)
         return subprocess.Popen(list(argv), user=self.uid, group=self.gid, extra_groups=[], text=True,
                                 **kwargs)  # type: ignore[call-overload]
 
     def run(self, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        kwargs.setdefault("start_new_session", True)
         return subprocess.run(list(argv), check=False, user=self.uid, group=self.gid, extra_groups=[], text=True,
                               capture_output=True, **kwargs)  # type: ignore[call-overload]
 
@@ -82,10 +88,8 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
     finally:
         leftovers = []
         for user in made:
-            # userdel refuses a user who still runs something (a test's stray child): end those, by pid.
-            for pid in processes_of(user.uid):
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            # userdel refuses a user who still runs something (a test's stray child): end those first.
+            end_processes_of(user.uid)
             deadline = time.monotonic() + 5
             while True:
                 done = subprocess.run(["userdel", user.name], check=False, capture_output=True, text=True)
@@ -96,6 +100,29 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
             if done.returncode != 0:
                 leftovers.append(f"{user.name}: {done.stderr.strip()}")
         assert not leftovers, f"throwaway users could not be removed: {leftovers}"
+
+
+def end_processes_of(uid: int, wait: float = 5.0) -> list[int]:
+    """SIGKILL every process of ``uid``, by process group (what it started goes too); the pids found.
+
+    A process in the test runner's own process group is killed alone: its group is ours.
+    """
+    found = processes_of(uid)
+    own = os.getpgrp()
+    for pid in found:
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        with suppress(ProcessLookupError, PermissionError):
+            if group != own and group > 1:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
 
 
 def processes_of(uid: int) -> list[int]:

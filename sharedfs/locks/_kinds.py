@@ -243,14 +243,32 @@ def _open_lock_file(target: Target, *, writable: bool) -> int | None:
     except FileNotFoundError:
         return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
     except PermissionError:
+        if not writable:
+            # Another user created the lock file without group write (their umask): flock works on a
+            # descriptor opened for reading, so waiting on each other needs no write access.
+            try:
+                return os.open(path, os.O_RDONLY | NOFOLLOW)
+            except FileNotFoundError:
+                pass
+        directory = os.path.dirname(path) or "."
+        if not os.path.lexists(path) and not os.access(directory, os.W_OK | os.X_OK):
+            # No lock file, and this user may not create one: waiting would wait forever.
+            raise _cannot_create(path, directory) from None
         if writable:
             raise
-        # Another user created the lock file without group write (their umask): flock works on a
-        # descriptor opened for reading, so waiting on each other needs no write access.
-        try:
-            return os.open(path, os.O_RDONLY | NOFOLLOW)
-        except FileNotFoundError:
-            return None
+        return None  # it was there, unwritable, and went away meanwhile: contention
+
+
+def _cannot_create(path: str, directory: str) -> PermissionError:
+    try:
+        st = os.stat(directory)
+        whose = f"owned by {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}"
+    except OSError:
+        whose = "not readable"
+    return PermissionError(errno.EACCES, f"Permission denied: cannot create the lock file there: {directory} "
+                                         f"({whose}) does not let you create files. Its owner or an administrator "
+                                         f"can let the group in with: chmod g+ws {directory} (`sharedfs doctor "
+                                         f"{directory}` checks the whole cache)", path)
 
 
 class Native:

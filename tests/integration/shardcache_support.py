@@ -18,6 +18,7 @@ import grp
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conftest import ROOT, clean_env
+from unixusers import end_processes_of
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
@@ -54,14 +56,25 @@ class User:
 
     def run(self, argv: Sequence[str], *, env: dict[str, str] | None = None, umask: int = 0o002,
             timeout: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` as this user (umask 002: a member of a project group sharing files)."""
-        return subprocess.run(list(argv), check=False, env=self.env(env), umask=umask, cwd=cwd or str(self.home),
-                              capture_output=True, text=True, timeout=timeout, **self._ids())  # type: ignore[call-overload]
+        """Run ``argv`` as this user (umask 002: a member of a project group sharing files).
+
+        In a process group of its own: on a timeout the whole group is killed (a downloader's
+        ``curl``, a DataLoader's workers), and cleanup can end strays without touching ours.
+        """
+        with self.popen(argv, env=env, umask=umask, cwd=cwd) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+                raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def popen(self, argv: Sequence[str], *, env: dict[str, str] | None = None,
-              umask: int = 0o002) -> subprocess.Popen[str]:
-        return subprocess.Popen(list(argv), env=self.env(env), umask=umask, cwd=str(self.home), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **self._ids())  # type: ignore[call-overload]
+              umask: int = 0o002, cwd: str | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(list(argv), env=self.env(env), umask=umask, cwd=cwd or str(self.home), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                **self._ids())  # type: ignore[call-overload]
 
     def python(self, code: str, *args: str, env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -105,7 +118,11 @@ def _untraversable(paths: Sequence[str]) -> list[str]:
 
 @contextmanager
 def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
-    """A new group and ``count`` new users in it (homes under ``home_root``, mode 0700); removed afterwards."""
+    """A new group and ``count`` new users in it (homes under ``home_root``, mode 0700); removed afterwards.
+
+    Whatever happens in between: the users' processes are killed by process group, then the
+    ACLs, the users and the group are removed, and what could not be removed fails the test.
+    """
     _require_root()
     group = f"sfg{uuid.uuid4().hex[:9]}"
     subprocess.run(["groupadd", group], check=True, capture_output=True)
@@ -128,11 +145,19 @@ def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
             granted.append(directory)
         yield users
     finally:
+        leftovers = []
         for directory in granted:
             subprocess.run(["setfacl", "-x", f"g:{group}", directory], check=False, capture_output=True)
         for user in users:
-            subprocess.run(["userdel", user.name], check=False, capture_output=True)
-        subprocess.run(["groupdel", group], check=False, capture_output=True)
+            end_processes_of(user.uid)  # userdel refuses a user who still runs something
+            done = subprocess.run(["userdel", user.name], check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                leftovers.append(f"user {user.name}: {done.stderr.strip()}")
+            subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
+        done = subprocess.run(["groupdel", group], check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            leftovers.append(f"group {group}: {done.stderr.strip()}")
+        assert not leftovers, f"throwaway users or groups could not be removed: {leftovers}"
 
 
 def sharedfs_before(dest: Path) -> dict[str, str]:
