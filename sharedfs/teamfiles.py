@@ -32,8 +32,11 @@ cache root is *given* to the group afterwards:
   released (:class:`SettlingLockMixin`: what a holder made under a lock is the
   group's before the next member gets that lock, and the directories a framework
   made just before locking are the group's before anyone waits in them), when a
-  wrapped operation returns (datasets' ``download_and_prepare`` and ``map``), and
-  at exit;
+  wrapped operation returns (datasets' ``download_and_prepare`` and ``map``), at
+  exit, and in any case within :data:`DRAIN_DELAY` of being recorded (a daemon
+  thread, awake only while records wait): a job SIGKILLed half-way through
+  preparing a dataset leaves its ``.incomplete`` directory and the Arrow file it
+  was writing open to the member who prepares it next;
 * **how** -- by descriptor, never by name: opened ``O_NOFOLLOW``, it must be this
   user's, a directory or a regular file with one link (a hard link a member
   planted could be one of our private files), and its real path
@@ -58,6 +61,7 @@ import stat
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -231,11 +235,19 @@ def _group_name(gid: int) -> str:
 
 # -- the recorder ------------------------------------------------------------------------------------
 
-#: ("new", path) or ("rename", src, dst), in the order they happened; appended by the audit hook.
-_pending: list[tuple[str, ...]] = []
+#: A recorded entry is the group's at most this long after it was made, lock or no lock.
+DRAIN_DELAY = 1.0
+#: The hook records a creation just before it happens: an entry not there yet is looked for again
+#: for this long (the open or mkdir is still running, or failed).
+MISSING_FOR = 5.0
+
+#: ("new", path, when) or ("rename", src, dst, when), in the order they happened; appended by the audit hook.
+_pending: list[tuple[Any, ...]] = []
 _drain = threading.Lock()
 _installed = False
 _quiet = threading.local()  # set while this module itself works: its own opens are not recorded
+_wake = threading.Event()
+_drainer: threading.Thread | None = None  # this process's; a forked child starts its own
 
 
 def _install() -> None:
@@ -251,9 +263,30 @@ def _install() -> None:
 
 def _forked() -> None:
     """In a forked child: the parent gives its own records; locks another thread held at fork are free again."""
-    global _drain, _watch_lock
+    global _drain, _watch_lock, _wake, _drainer
     _pending.clear()
-    _drain, _watch_lock = threading.Lock(), threading.Lock()
+    _drain, _watch_lock, _wake, _drainer = threading.Lock(), threading.Lock(), threading.Event(), None
+
+
+def _start_drainer() -> None:
+    global _drainer
+    with _watch_lock:
+        if _drainer is not None:
+            return
+        _drainer = threading.Thread(target=_drain_loop, name="sharedfs-teamfiles", daemon=True)
+    _drainer.start()
+
+
+def _drain_loop() -> None:
+    """Give what was recorded, a moment after it was: one pass per DRAIN_DELAY while records come in."""
+    while True:
+        _wake.wait()
+        time.sleep(DRAIN_DELAY)  # a burst of creations is given in one pass
+        _wake.clear()
+        try:
+            settle_pending()
+        except Exception:  # noqa: BLE001 - a background pass must never end the thread; the next one retries
+            pass
 
 
 def _spelled(path: Any) -> str | None:
@@ -297,10 +330,16 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
             return
         if kind == "rename":
             source = _spelled(args[0])
-            if source is not None and (WATCHED.root_of(source) or WATCHED.root_of(spelled)):
-                _pending.append(("rename", source, spelled))
+            if source is None or not (WATCHED.root_of(source) or WATCHED.root_of(spelled)):
+                return
+            _pending.append(("rename", source, spelled, time.monotonic()))
         elif WATCHED.root_of(spelled):
-            _pending.append(("new", spelled))
+            _pending.append(("new", spelled, time.monotonic()))
+        else:
+            return
+        if _drainer is None:
+            _start_drainer()
+        _wake.set()
     except Exception:  # noqa: BLE001 - an audit hook that raises fails the audited call
         return
 
@@ -312,21 +351,30 @@ def settle_pending() -> int:
     with _drain:
         records = _pending[:]
         del _pending[: len(records)]  # the hook may append meanwhile: keep what came after
-        paths: dict[str, None] = {}  # ordered set
+        paths: dict[str, float] = {}  # path -> when it was recorded, in order
         for record in records:
             if record[0] == "new":
-                paths[record[1]] = None
+                paths[record[1]] = record[2]
                 continue
-            _, source, target = record
+            _, source, target, when = record
             moved = {}
-            for path in paths:
+            for path, seen in paths.items():
                 if path == source or path.startswith(source + os.sep):
-                    moved[path] = target + path[len(source):]
-            for old, new in moved.items():
+                    moved[path] = (target + path[len(source):], seen)
+            for old, (new, seen) in moved.items():
                 del paths[old]
-                paths[new] = None
-            paths[target] = None
-        return sum(give(path) for path in sorted(paths, key=lambda p: p.count(os.sep)))
+                paths[new] = seen
+            paths[target] = when
+        changed, again, now = 0, [], time.monotonic()
+        for path in sorted(paths, key=lambda p: p.count(os.sep)):
+            if os.path.lexists(path):
+                changed += give(path)
+            elif now - paths[path] < MISSING_FOR:
+                again.append(("new", path, paths[path]))  # recorded just before it was made: look again
+        if again:
+            _pending[:0] = again  # before anything recorded meanwhile (a later rename must still move them)
+            _wake.set()
+        return changed
 
 
 # -- giving entries to the group -----------------------------------------------------------------------

@@ -35,7 +35,8 @@ Four more changes, each for a failure no filelock release can fix:
   group -- directories g+rwx and setgid, files g+rw, by descriptor and only this
   user's entries -- before each datasets lock is tried or released, when
   ``download_and_prepare`` and ``map`` return (including what ``num_proc``
-  workers wrote), and at exit.  The umask is never changed: it is the whole
+  workers wrote), at exit, and otherwise within a second (so a job killed
+  half-way through a preparation leaves it preparable by the next member).  The umask is never changed: it is the whole
   process's, and lowering it around a call would widen what every other thread
   creates meanwhile, anywhere.
 """

@@ -35,8 +35,8 @@ waited for that lock forever.  The hub cache (``HF_HUB_CACHE``, and the cache of
 (:mod:`sharedfs.teamfiles`): what this process creates there is given to the group
 -- directories g+rwx and setgid, files g+rw, by descriptor and only this user's --
 before each hub lock is tried (the directories the hub made for the download exist
-by then) or released (the blob and the snapshot link are in place by then), and at
-exit.  ``HF_HOME`` itself, with the token files in it, is never touched.
+by then) or released (the blob and the snapshot link are in place by then), at
+exit, and otherwise within a second.  ``HF_HOME`` itself, with the token files in it, is never touched.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ the process that installed it (the test runner must not keep one).  Real users a
 real frameworks are in tests/integration/test_team_cache.py; this checks the rules:
 creations under a watched root are given to the group (a directory renamed into place
 takes its records along), nothing outside a root is touched, a symlink or a hard link
-swapped in for a recorded entry is never followed, and the umask is never changed.
+swapped in for a recorded entry is never followed, the umask is never changed, and what
+is made outside any lock is the group's within ``DRAIN_DELAY``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from conftest import clean_env
 
 CHILD = textwrap.dedent("""
-    import json, os, stat, sys, threading
+    import json, os, stat, sys, threading, time
     from sharedfs import teamfiles
     from sharedfs._policy import TeamCache
 
@@ -63,6 +64,11 @@ CHILD = textwrap.dedent("""
 
     recorded = len(teamfiles._pending)
     changed = teamfiles.settle_pending()
+    # no lock, no exit: the background pass gives what was made within DRAIN_DELAY
+    os.mkdir(os.path.join(root, "later"))
+    open(os.path.join(root, "later", "file"), "w").close()
+    time.sleep(teamfiles.DRAIN_DELAY + 1.5)
+    later = [oct(stat.S_IMODE(os.stat(os.path.join(root, *p)).st_mode)) for p in (("later",), ("later", "file"))]
     stop.set(); watcher.join()
 
     def mode(path):
@@ -70,7 +76,7 @@ CHILD = textwrap.dedent("""
         return [oct(stat.S_IMODE(st.st_mode)), st.st_gid]
 
     print(json.dumps({
-        "recorded": recorded, "changed": changed, "umasks": sorted(set(umask_seen)),
+        "recorded": recorded, "changed": changed, "umasks": sorted(set(umask_seen)), "later": later,
         "json": mode(os.path.join(root, "json")), "default": mode(os.path.join(root, "json", "default")),
         "arrow": mode(os.path.join(root, "json", "default", "train.arrow")),
         "narrowed": mode(os.path.join(root, "narrowed")),
@@ -89,6 +95,7 @@ def test_creations_in_a_watched_root_become_the_groups_and_nothing_else_does(tmp
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["umasks"] == [0o022]  # never changed, as seen from another thread
+    assert got["later"] == ["0o2775", "0o664"]  # given in the background, without a lock or an exit
     assert got["json"] == ["0o2775", gid] and got["default"] == ["0o2775", gid]
     assert got["arrow"] == ["0o664", gid]  # recorded under default.incomplete/, renamed along with it
     assert got["narrowed"] == ["0o660", gid]  # a later chmod is recorded too: the group's bits come back

@@ -326,6 +326,43 @@ def test_umask_002_works_stock_and_with_sharedfs(site) -> None:
     assert fixed.hub_gets == stock.hub_gets == 2
 
 
+# A dataset prepared from a generator; with T_DIE the job is SIGKILLed half-way (Slurm's time limit, the
+# OOM killer), leaving the builder's <output>.incomplete directory and its half-written Arrow file behind.
+PREPARE = textwrap.dedent("""
+    import os, signal, time
+    import datasets
+    datasets.disable_progress_bars()
+
+    def rows():
+        for i in range(40):
+            if i == 20 and os.environ.get("T_DIE"):
+                time.sleep(2.5)  # preparing for a while (real preparations take minutes) ...
+                os.kill(os.getpid(), signal.SIGKILL)  # ... then killed
+            yield {"x": i}
+
+    print(len(datasets.Dataset.from_generator(rows)))
+""")
+
+
+def test_a_member_killed_while_preparing_leaves_the_dataset_preparable_by_the_next(site: Site) -> None:
+    """What she made before she was killed is the group's: no lock release, no exit handler ran."""
+    results = {}
+    for mode in ("stock", "sharedfs"):
+        team = team_dir(site, f"killed-{mode}")
+        env = job_env(site, team, sharedfs=mode == "sharedfs")
+        killed = site.a.run([sys.executable, "-c", PREPARE], env={**env, "T_DIE": "1"}, umask=0o022)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        partial = [e for e in listing(site, team) if ".incomplete" in e.path]
+        assert partial, "the killed job left no partial preparation"
+        results[mode] = (partial, site.b.run([sys.executable, "-c", PREPARE], env=env, umask=0o022))
+    partial, stock = results["stock"]
+    assert stock.returncode != 0 and "PermissionError: [Errno 13] Permission denied" in stock.stderr
+    assert all(keeps_members_out(e, site.gid) for e in partial)
+    partial, fixed = results["sharedfs"]
+    assert fixed.returncode == 0 and fixed.stdout.split() == ["40"], fixed.stderr[-3000:]
+    assert not [e for e in partial if keeps_members_out(e, site.gid)]
+
+
 # -- locks across members -----------------------------------------------------------------------------
 
 # Hold a lock until killed: sharedfs's (kind given) or, with "stock", filelock's own FileLock.
