@@ -18,9 +18,11 @@ CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
 NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
 
 
-def lock(fd: int, kind: str, *, blocking: bool = False) -> None:
-    """An exclusive ``kind`` (``"flock"`` or ``"posix"``) lock on the whole file; raises OSError."""
-    op = fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB
+def lock(fd: int, kind: str, *, blocking: bool = False, shared: bool = False) -> None:
+    """An exclusive (or ``shared``) ``kind`` (``"flock"`` or ``"posix"``) lock on the whole file; raises OSError."""
+    op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    if not blocking:
+        op |= fcntl.LOCK_NB
     (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, op)
 
 

@@ -226,8 +226,8 @@ def share(fd: int, team: TeamCache | None) -> None:
         pass  # the owner sees it as before; members who cannot write it still wait on it read-only
 
 
-def _open_lock_file(target: Target, *, writable: bool) -> int | None:
-    """Open (creating) the native lock file; ``None`` when it vanished meanwhile (contention)."""
+def _open_lock_file(target: Target) -> tuple[int, bool] | None:
+    """Open (creating) the native lock file: (descriptor, opened read-only); ``None`` when it vanished meanwhile."""
     path, mode = target.lock_file, target.mode
     flags = os.O_RDWR | os.O_CREAT | NOFOLLOW
     try:
@@ -238,24 +238,21 @@ def _open_lock_file(target: Target, *, writable: bool) -> int | None:
                 pass
             else:
                 settle(fd, target)
-                return fd
-        return os.open(path, flags, mode)
+                return fd, False
+        return os.open(path, flags, mode), False
     except FileNotFoundError:
         return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
     except PermissionError:
-        if not writable:
-            # Another user created the lock file without group write (their umask): flock works on a
-            # descriptor opened for reading, so waiting on each other needs no write access.
-            try:
-                return os.open(path, os.O_RDONLY | NOFOLLOW)
-            except FileNotFoundError:
-                pass
+        # Another user created the lock file without group write (their umask): it is locked through
+        # a descriptor opened for reading (Native.try_acquire), never chmod-ed or replaced.
+        try:
+            return os.open(path, os.O_RDONLY | NOFOLLOW), True
+        except FileNotFoundError:
+            pass
         directory = os.path.dirname(path) or "."
         if not os.path.lexists(path) and not os.access(directory, os.W_OK | os.X_OK):
             # No lock file, and this user may not create one: waiting would wait forever.
             raise _cannot_create(path, directory) from None
-        if writable:
-            raise
         return None  # it was there, unwritable, and went away meanwhile: contention
 
 
@@ -272,7 +269,15 @@ def _cannot_create(path: str, directory: str) -> PermissionError:
 
 
 class Native:
-    """``flock`` or POSIX ``lockf`` on the whole lock file."""
+    """``flock`` or POSIX ``lockf`` on the whole lock file.
+
+    A lock file another user left without group write is opened read-only.  flock takes an
+    exclusive lock on such a descriptor, except on NFS, where flock is a POSIX lock and an
+    exclusive POSIX lock needs a descriptor opened for writing (flock(2), EBADF).  There, and for
+    the posix kind, the lock is a *shared* one plus the marker: the shared lock excludes (and is
+    excluded by) every exclusive holder, sharedfs or not; the marker excludes the other read-only
+    holders, whose shared locks do not exclude each other.
+    """
 
     def __init__(self, target: Target, holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> None:
         self.target = target
@@ -280,9 +285,11 @@ class Native:
         self.holder_alive = holder_alive
 
     def try_acquire(self) -> Hold | None:
-        fd = _open_lock_file(self.target, writable=self.how == "posix")
-        if fd is None:
+        opened = _open_lock_file(self.target)
+        if opened is None:
             return None
+        fd, read_only = opened
+        shared = read_only and self.how == "posix"
         thread_lock: threading.Lock | None = None
         locked = False
         hold: Hold | None = None
@@ -294,7 +301,13 @@ class Native:
                     return None
                 thread_lock = candidate
             try:
-                oslocks.lock(fd, self.how)
+                try:
+                    oslocks.lock(fd, self.how, shared=shared)
+                except OSError as exc:
+                    if not (read_only and exc.errno == errno.EBADF and not shared):
+                        raise
+                    shared = True  # NFS: an exclusive flock is an exclusive POSIX lock, which needs write access
+                    oslocks.lock(fd, self.how, shared=True)
             except OSError as exc:
                 if exc.errno in oslocks.CONTENTION:
                     return None
@@ -311,8 +324,9 @@ class Native:
             if (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
                 return None
             candidate_hold = Hold(fd=fd, kind=self, thread_lock=thread_lock)
-            if self.target.choice.marker:
-                taken = take_marker(self.target, native_held=True, holder_alive=self.holder_alive)
+            if self.target.choice.marker or shared:
+                # A shared lock proves nothing about a marker's holder (other readers hold one too).
+                taken = take_marker(self.target, native_held=not shared, holder_alive=self.holder_alive)
                 if taken is None:
                     return None
                 candidate_hold.marker_fd, candidate_hold.lease = taken
