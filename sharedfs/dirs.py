@@ -75,7 +75,7 @@ def wait_for(target: PathLike | Callable[[], bool], timeout: float | None = None
             return
     finally:
         waiter.leave()
-    raise WaitTimeout(_wait_message(path, what or getattr(target, "__name__", repr(target)),
+    raise WaitTimeout(_wait_message(path, str(what or getattr(target, "__name__", repr(target))),
                                     time.monotonic() - start))
 
 

@@ -82,7 +82,6 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
     from importlib import import_module
 
     import _sharedfs_bootstrap as _bootstrap
-
     from sharedfs import envvars
     from sharedfs.registry import BUILTIN_SHIMS
 

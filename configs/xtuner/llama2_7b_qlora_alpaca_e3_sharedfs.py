@@ -20,9 +20,6 @@ from mmengine.hooks import (
 )
 from mmengine.optim import AmpOptimWrapper, CosineAnnealingLR, LinearLR
 from peft import LoraConfig
-
-# sharedfs: the hook class (XTuner's pure-Python configs pass classes, not registry strings).
-from sharedfs.shims.mmengine import SharedFSHook
 from torch.optim import AdamW
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from xtuner.dataset import process_hf_dataset
@@ -37,6 +34,9 @@ from xtuner.engine.runner import TrainLoop
 from xtuner.model import SupervisedFinetune
 from xtuner.parallel.sequence import SequenceParallelSampler
 from xtuner.utils import PROMPT_TEMPLATE, SYSTEM_TEMPLATE
+
+# sharedfs: the hook class (XTuner's pure-Python configs pass classes, not registry strings).
+from sharedfs.shims.mmengine import SharedFSHook
 
 #######################################################################
 #                          PART 1  Settings                           #

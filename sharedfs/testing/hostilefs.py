@@ -410,11 +410,12 @@ class HostileOps:
         if profile.locks == "plain":
             # No handlers at all: libfuse then does not ask for remote locking
             # and the kernel locks locally, across every process of the host.
-            self.flock = None
-            self.lock = None
+            # mfusepy checks for each handler whether it is None (the documented way to leave one out).
+            self.flock = None  # type: ignore[assignment,method-assign]
+            self.lock = None  # type: ignore[assignment,method-assign]
         elif profile.locks in _LOCK_ERRNO:
-            self.flock = self._refuse_lock
-            self.lock = self._refuse_lock
+            self.flock = self._refuse_lock  # type: ignore[assignment,method-assign]
+            self.lock = self._refuse_lock  # type: ignore[assignment,method-assign]
         self.counter: Optional[_OpCounter] = _OpCounter() if count_ops else None
         if self.counter is not None:
             for name in OPERATIONS:
@@ -503,6 +504,7 @@ class HostileOps:
         self._meta()
         if fi is not None:
             return _stat_dict(os.fstat(self._handle(fi).fd))
+        assert path is not None  # libfuse passes a path whenever no file handle is given
         self._check_visible(path)
         return _stat_dict(os.lstat(self._real(path)))
 
@@ -598,6 +600,7 @@ class HostileOps:
         if fi is not None:
             os.ftruncate(self._handle(fi).fd, length)
         else:
+            assert path is not None  # libfuse passes a path whenever no file handle is given
             os.truncate(self._real(path), length)
         return 0
 
@@ -728,7 +731,7 @@ class HostileOps:
             shadow = self._shadow(self._caller_node(), h.inode)
             with self._mu:
                 if h.flock is None:
-                    h.flock, shadow = shadow, None
+                    h.flock, shadow = shadow, None  # type: ignore[assignment]  # None: the race was won
             if shadow is not None:  # another thread won the race
                 os.close(shadow.fd)
         try:
