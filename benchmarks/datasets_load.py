@@ -1,20 +1,25 @@
 """What the datasets shim costs, and what it saves: warm loads and cold preparation by many ranks.
 
 Runs real ``datasets`` in fresh processes of this interpreter (which must have sharedfs
-installed, e.g. the dev venv); ``SHAREDFS_DISABLE=1`` gives the baseline in the same
+installed, e.g. the dev venv); ``SHAREDFS_DISABLE=1`` gives the stock figure in the same
 environment, so the only difference is sharedfs.
 
 * **warm**: ``load_dataset("json")`` + a cached ``.map()`` on local disk, cache already
-  prepared.  Time measured inside the process around the two calls (interpreter start-up
-  and ``import datasets`` are benchmarks/startup.py's business); runs alternate between
-  sharedfs and the baseline so drift hits both alike.  Goal (issue 4): <= 1.05x.
-* **cold**: N processes (default 8) released at the same moment prepare the same dataset
-  into one empty cache; wall time from release to the last process done, against one
-  process preparing alone.  With sharedfs one rank prepares and maps, the others wait and
-  load.  Goal: <= 1.2x.  The baseline column shows the same N processes without sharedfs
-  (datasets' flock serialises the preparation on a local disk, but every rank runs the map).
+  prepared.  Timed inside the process around the two calls (interpreter start-up and
+  ``import datasets`` are benchmarks/startup.py's business), alternating sharedfs and stock
+  (ABBA); the ratio is the median of per-pair ratios.  Goal <= 1.05.  The note gives the
+  CPU-time ratio, which a loaded machine disturbs less.
+* **cold**: N processes (default 8) released at the same moment prepare the same dataset into
+  one empty cache; wall time from release to the last process done, against one process
+  preparing alone.  With sharedfs one rank prepares and maps, the others wait and load.
+  Goal <= 1.2 -- on a machine with at least N cores.  With fewer cores the N processes
+  compete for CPU, so the CPU-bound part is reported separately: the CPU time all N spent,
+  divided by the cores (the least wall time this machine needs for that work), and the wall
+  time over ``max(1 alone, that least time)`` -- what coordination (waiting, polling, handing
+  over) adds beyond CPU saturation, with the same 1.2 goal.  The last row is the same N
+  processes without sharedfs (datasets' flock serialises the preparation, every rank maps).
 
-    python benchmarks/datasets_load.py [--runs 15] [--repeats 3] [--procs 8] [--rows 1000000] [--json]
+    python benchmarks/datasets_load.py [--json] [--quick] [--runs 15] [--repeats 3] [--procs 8] [--rows 1000000]
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _common import alternate, at_most, clean_env, emit, log, median, paired_ratio, row
 
 WORKER = r"""
 import json, os, sys, time
@@ -38,24 +44,23 @@ if gate != "-":
     open(os.path.join(gate, str(os.getpid())), "w").close()
     while len(os.listdir(gate)) < count:
         time.sleep(0.001)
-start = time.time()
+start, cpu = time.time(), time.process_time()
 ds = datasets.load_dataset("json", data_files=data, cache_dir=cache, split="train")
 ds = ds.map(lambda batch: {"y": [x * 2 for x in batch["x"]]}, batched=True)
-end = time.time()
-print(json.dumps({"start": start, "end": end, "rows": len(ds)}))
+end, cpu = time.time(), time.process_time() - cpu
+print(json.dumps({"start": start, "end": end, "cpu": cpu, "rows": len(ds)}))
 """
 
 
 def child_env(sharedfs: bool) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHAREDFS_", "PYTHON", "HF_"))}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = clean_env(drop=("SHAREDFS_", "PYTHON", "HF_", "LD_PRELOAD"), HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1)
     if not sharedfs:
         env["SHAREDFS_DISABLE"] = "1"
     return env
 
 
-def run_group(data: Path, cache: Path, procs: int, sharedfs: bool, work: Path) -> float:
-    """Start ``procs`` workers, release them together, return release -> last finish (s)."""
+def run_group(data: Path, cache: Path, procs: int, sharedfs: bool, work: Path) -> dict[str, float]:
+    """Start ``procs`` workers, release them together: wall time release -> last finish, and CPU seconds."""
     gate = Path(tempfile.mkdtemp(dir=work, prefix="gate-"))
     children = [subprocess.Popen([sys.executable, "-c", WORKER, str(data), str(cache), str(gate), str(procs)],
                                  env=child_env(sharedfs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -66,33 +71,52 @@ def run_group(data: Path, cache: Path, procs: int, sharedfs: bool, work: Path) -
         if child.returncode != 0:
             raise SystemExit(f"worker failed:\n{err}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
-    return max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    return {"wall": max(r["end"] for r in reports) - min(r["start"] for r in reports),
+            "cpu": sum(r["cpu"] for r in reports), "cpu_one": reports[0]["cpu"]}
 
 
 def warm(data: Path, work: Path, runs: int) -> list[dict]:
     cache = work / "warm-cache"
     run_group(data, cache, 1, True, work)  # prepare once; every timed run below is a cache hit
-    with_sfs, without = [], []
-    for _ in range(runs):
-        with_sfs.append(run_group(data, cache, 1, True, work))
-        without.append(run_group(data, cache, 1, False, work))
-    a, b = statistics.median(with_sfs) * 1e3, statistics.median(without) * 1e3
-    return [{"what": "warm load_dataset + cached map, local disk (vs SHAREDFS_DISABLE=1)", "sharedfs": a,
-             "baseline": b, "unit": "ms", "ratio": a / b, "goal": "<= 1.05", "met": a / b <= 1.05}]
+    run_group(data, cache, 1, False, work)
+    a, b = alternate(lambda: run_group(data, cache, 1, True, work), lambda: run_group(data, cache, 1, False, work),
+                     runs)
+    paired, spread = paired_ratio([x["wall"] for x in a], [y["wall"] for y in b])
+    cpu = median([x["cpu_one"] for x in a]) / median([y["cpu_one"] for y in b])
+    ours, theirs = median([x["wall"] for x in a]) * 1e3, median([y["wall"] for y in b]) * 1e3
+    return [row("warm load_dataset + cached map, local disk (vs SHAREDFS_DISABLE=1)", ours, theirs, "ms", "<= 1.05",
+                at_most(paired, 1.05), ratio=paired, samples=len(a), spread=spread, cpu_ratio=cpu,
+                note=f"ratio: median of per-pair ratios; CPU-time ratio {cpu:.3f}")]
 
 
 def cold(data: Path, work: Path, procs: int, repeats: int) -> list[dict]:
     alone, many, many_without = [], [], []
     for i in range(repeats):
+        log(f"cold round {i + 1}/{repeats} ...")
         alone.append(run_group(data, work / f"cold-alone-{i}", 1, True, work))
         many.append(run_group(data, work / f"cold-many-{i}", procs, True, work))
         many_without.append(run_group(data, work / f"cold-without-{i}", procs, False, work))
-    one, a, b = statistics.median(alone), statistics.median(many), statistics.median(many_without)
+    one = median([r["wall"] for r in alone])
+    ours = median([r["wall"] for r in many])
+    theirs = median([r["wall"] for r in many_without])
+    cpu = median([r["cpu"] for r in many])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    least = cpu / min(cores, procs)  # the N processes' CPU work spread over every core they can use
+    enough = cores >= procs
+    overhead = ours / max(one, least)
     return [
-        {"what": f"cold prepare: {procs} processes, one shared cache (vs 1 process alone)", "sharedfs": a,
-         "baseline": one, "unit": "s", "ratio": a / one, "goal": "<= 1.2", "met": a / one <= 1.2},
-        {"what": f"cold prepare: {procs} processes with sharedfs (vs the same without)", "sharedfs": a,
-         "baseline": b, "unit": "s", "ratio": a / b, "goal": "<= 1.0", "met": a <= b},
+        row(f"cold prepare: {procs} processes, one shared cache (vs 1 process alone)", ours, one, "s",
+            f"<= 1.2 on >= {procs} cores", at_most(ours / one, 1.2) if enough else None,
+            samples=repeats,
+            note=None if enough else f"{cores} cores here: the goal needs >= {procs}; see the CPU-bound rows"),
+        row(f"cold prepare: {procs} processes, CPU-bound part: their CPU time / {min(cores, procs)} cores "
+            "(vs 1 process alone)", least, one, "s", "-", None, samples=repeats,
+            note=f"{cpu:.2f} CPU-seconds in all; the least wall time {cores} cores need for that work"),
+        row(f"cold prepare: {procs} processes, wall time over max(1 alone, CPU-bound part): coordination", ours,
+            max(one, least), "s", "<= 1.2", at_most(overhead, 1.2), ratio=overhead, samples=repeats,
+            note="what waiting, polling and handing the lock over add beyond the CPU saturation"),
+        row(f"cold prepare: {procs} processes with sharedfs (vs the same without)", ours, theirs, "s", "<= 1.0",
+            at_most(ours / theirs, 1.0), samples=repeats),
     ]
 
 
@@ -102,26 +126,23 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="cold rounds")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the JSON dataset (~2 s to prepare here)")
+    parser.add_argument("--no-cold", dest="cold", action="store_false")
+    parser.add_argument("--quick", action="store_true", help="a short run to check that everything works")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.repeats, args.rows = 3, 1, 100_000
     work = Path(tempfile.mkdtemp(prefix="sharedfs-bench-datasets-"))
     try:
         data = work / "data.jsonl"
         with data.open("w") as fh:
             for i in range(args.rows):
                 fh.write(json.dumps({"x": i, "text": f"row {i} " * 4}) + "\n")
-        rows = warm(data, work, args.runs) + cold(data, work, args.procs, args.repeats)
+        log(f"warm: {args.runs} alternating runs per side ...")
+        rows = warm(data, work, args.runs) + (cold(data, work, args.procs, args.repeats) if args.cold else [])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:  # the row schema of benchmarks/run_all.py
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'what':<72}{'sharedfs':>12}{'baseline':>12}{'ratio':>8}  goal")
-    for row in rows:
-        print(f"{row['what']:<72}{row['sharedfs']:>10.2f}{row['unit']:<2}{row['baseline']:>10.2f}{row['unit']:<2}"
-              f"{row['ratio']:>8.3f}  {row['goal']}{'' if row['met'] else '  (not met)'}")
-    print(f"({args.rows:,} rows; {os.cpu_count()} CPUs; medians of {args.runs} warm runs and {args.repeats} cold rounds)")
-    return 0
+    return emit(rows, args.json, f"datasets ({args.rows:,} rows)")
 
 
 if __name__ == "__main__":

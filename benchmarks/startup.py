@@ -1,13 +1,20 @@
-"""What sharedfs costs a process: interpreter start-up, and the first import of a target.
+"""What sharedfs costs a process: interpreter start-up, and each framework's first import.
 
-Two identical venvs (same requirements), one with the sharedfs wheel, one without.
-Runs alternate between them so drift (CPU frequency, page cache) hits both alike;
-the table reports medians and their ratio, plus the bootstrap's own import time
-from ``python -X importtime`` (the part of the difference that is really ours).
+1. ``python -c pass`` in three otherwise identical venvs from this interpreter's base, of two
+   flavours (``python -m venv`` with pip and setuptools, and a bare one as ``uv venv`` makes):
+   one with the sharedfs wheel installed, one without (the stock figure), and one whose only
+   addition is a ``.pth`` file running ``import sys`` -- the floor: what any ``.pth`` autoloader
+   costs before it does anything.  Wall time, median of ``--runs`` alternating runs per venv;
+   goal <= 1.03.  The same three as user-space instructions (valgrind callgrind), which repeat
+   exactly on a loaded machine, and the bootstrap's own import time (``-X importtime``).
+2. Each framework's first import (datasets, huggingface_hub, webdataset, wids, mmengine, xtuner
+   if installed, torch), timed inside the process around the import statement, with sharedfs
+   against ``SHAREDFS_DISABLE=1`` in this interpreter's environment, alternating; goal <= 1.03
+   (median of the per-pair ratios).  The note gives the CPU-time ratio and what sharedfs's
+   activation costs on its own (the framework imported with sharedfs off, then sharedfs enabled
+   and timed: the same work the import hook does, without the import's noise).
 
-    python benchmarks/startup.py [--runs 40] [--json]
-
-Goals (issue 2): ``python -c pass`` <= 1.03x; ``import datasets`` <= 1.05x.
+    python benchmarks/startup.py [--json] [--quick] [--runs 40] [--import-runs 11] [--only datasets]
 """
 
 from __future__ import annotations
@@ -15,92 +22,248 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import venv
+import zipfile
 from pathlib import Path
+
+from _common import (
+    alternate,
+    at_most,
+    clean_env,
+    emit,
+    instructions,
+    log,
+    median,
+    paired_ratio,
+    row,
+    valgrind,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / ".work"
-DATASETS = os.environ.get("SHAREDFS_BENCH_DATASETS", "datasets==5.2.0")
+
+#: Framework -> the statement a program starts with.  A lazy facade whose shim target loads on
+#: first use gets a second row with the statement that loads it.
+FRAMEWORKS = {
+    "datasets": "import datasets",
+    "huggingface_hub": "import huggingface_hub",
+    "huggingface_hub (hf_hub_download)": "from huggingface_hub import hf_hub_download",
+    "webdataset": "import webdataset",
+    "wids": "import wids",
+    "mmengine": "import mmengine",
+    "xtuner": "import xtuner.dataset.huggingface",
+    "torch": "import torch",
+}
+
+IMPORT = textwrap.dedent("""
+    import json, sys, time
+    statement, activate = sys.argv[1], sys.argv[2] == "activate"
+    wall, cpu = time.perf_counter(), time.process_time()
+    exec(statement)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    out = {"wall": wall * 1e3, "cpu": cpu * 1e3}
+    if activate:  # imported with SHAREDFS_DISABLE=1: now let sharedfs do what its import hook would have done
+        import _sharedfs_bootstrap
+        w, c = time.perf_counter(), time.process_time()
+        _sharedfs_bootstrap.install_finder(respect_disable=False)
+        out["activation_wall"], out["activation_cpu"] = (time.perf_counter() - w) * 1e3, (time.process_time() - c) * 1e3
+    print(json.dumps(out))
+""")
 
 
-def pip(python: str, *args: str) -> None:
-    subprocess.run([python, "-m", "pip", "-q", "--disable-pip-version-check", *args], check=True)
+# -- the venvs -------------------------------------------------------------------------------------
+
+#: Venv flavours: ``python -m venv`` (pip and setuptools, whose distutils-precedence.pth runs at
+#: every start-up) and a bare one (no pip, as ``uv venv`` and many cluster images make them).
+FLAVOURS = {"pip": True, "bare": False}
 
 
-def make(path: Path, *reqs: str) -> str:
-    python = str(path / "bin" / "python")
-    marker = path / ".reqs"
-    if marker.exists() and marker.read_text() == repr(reqs):
-        return python  # reuse: the venvs are expensive and the benchmark is about runs, not installs
-    venv.EnvBuilder(with_pip=True, clear=True).create(path)
-    pip(python, "install", *reqs)
-    marker.write_text(repr(reqs))
-    return python
+def _venv(path: Path, tag: str, with_pip: bool) -> str:
+    python = path / "bin" / "python"
+    marker = path / ".bench"
+    tag = f"{tag} pip={with_pip}"
+    if python.exists() and marker.exists() and marker.read_text() == tag:
+        return str(python)
+    venv.EnvBuilder(with_pip=with_pip, clear=True, symlinks=True).create(path)  # ensurepip: offline
+    marker.write_text(tag)
+    return str(python)
 
 
-def wheel() -> str:
-    out = Path(tempfile.mkdtemp())
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)], check=True)
-    return str(next(out.glob("sharedfs-*.whl")))
+def _site_packages(venv_dir: Path) -> Path:
+    """The venv's own site-packages, never the base interpreter's (the benchmark writes into it)."""
+    site = venv_dir / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if not site.is_dir() or WORK.resolve() not in site.resolve().parents:
+        raise SystemExit(f"refusing to install into {site}: not a benchmark venv under {WORK}")
+    return site
 
 
-def timed(python: str, code: str, env: dict[str, str]) -> float:
+def build_wheel() -> Path:
+    """The sharedfs wheel of this checkout (offline: this environment's hatchling builds it)."""
+    out = Path(tempfile.mkdtemp(prefix="sharedfs-wheel-"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(out), str(ROOT)], check=True)
+    return next(out.glob("sharedfs-*.whl"))
+
+
+def install_wheel(wheel: Path, site: Path) -> None:
+    """Unpack a pure wheel into ``site`` (what an installer does for one; start-up sees the same files)."""
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+        names = [str(site / name) for name in zf.namelist() if name.endswith(".py")]
+    subprocess.run([sys.executable, "-m", "py_compile", *names], check=True)
+
+
+def venvs(flavour: str, wheel: Path) -> dict[str, str]:
+    """``without``, ``with`` (the sharedfs wheel) and ``floor`` (one ``.pth`` running ``import sys``)."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    base = f"{sys.version} {getattr(sys, '_base_executable', sys.executable)}"
+    with_pip = FLAVOURS[flavour]
+    pythons = {name: _venv(WORK / f"{flavour}-{name}", base, with_pip) for name in ("without", "floor", "with")}
+    (_site_packages(WORK / f"{flavour}-floor") / "zz_floor.pth").write_text("import sys\n")
+    # The wheel is installed afresh each run: the benchmark measures this checkout, not an old install.
+    site = _site_packages(WORK / f"{flavour}-with")
+    for old in site.glob("*sharedfs*"):
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    install_wheel(wheel, site)
+    return pythons
+
+
+def timed(python: str, argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([python, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([python, *argv], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=WORK)
     return time.perf_counter() - start
 
 
-def alternate(with_sfs: str, without: str, code: str, runs: int, env: dict[str, str]) -> tuple[float, float]:
-    a, b = [], []
-    timed(with_sfs, code, env), timed(without, code, env)  # warm the page cache for both
-    for _ in range(runs):
-        a.append(timed(with_sfs, code, env))
-        b.append(timed(without, code, env))
-    return statistics.median(a), statistics.median(b)
+def startup_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    wheel = build_wheel()
+    rows = []
+    for flavour in FLAVOURS:
+        pythons = venvs(flavour, wheel)
+        kind = "python -m venv (pip, setuptools)" if FLAVOURS[flavour] else "bare venv (no pip, as uv makes them)"
+        check = subprocess.run([pythons["with"], "-c", "import sys, _sharedfs_bootstrap as b; "
+                                "print(b.installed(), b.__file__)"], capture_output=True, text=True, env=env, cwd=WORK)
+        if not check.stdout.startswith("True"):
+            raise SystemExit(f"the venv with sharedfs does not autoload it: {check.stdout}{check.stderr}")
+        for python in pythons.values():  # page cache, .pyc files
+            for _ in range(3):
+                timed(python, ["-c", "pass"], env)
+        log(f"python -c pass, {kind}: {args.runs} alternating runs per venv ...")
+        floors: list[float] = []
+
+        def with_then_floor(pythons: dict[str, str] = pythons, floors: list[float] = floors) -> float:
+            floors.append(timed(pythons["floor"], ["-c", "pass"], env))
+            return timed(pythons["with"], ["-c", "pass"], env)
+
+        a, b = alternate(with_then_floor, lambda p=pythons: timed(p["without"], ["-c", "pass"], env), args.runs)
+        paired, spread = paired_ratio(a, b)
+        ours, theirs, floor = median(a) * 1e3, median(b) * 1e3, median(floors) * 1e3
+        rows.append(row(f"python -c pass, {kind}, with sharedfs vs without", ours, theirs, "ms", "<= 1.03",
+                        at_most(paired, 1.03), ratio=paired, floor=floor,
+                        floor_what="the same venv whose only addition is a .pth running `import sys`",
+                        samples=len(a), spread=spread,
+                        note=f"ratio: median of per-pair ratios; the floor venv / without: {floor / theirs:.3f}"))
+        if args.callgrind and valgrind():
+            log(f"python -c pass, {kind}, under callgrind ...")
+            counts = {name: instructions([python, "-c", "pass"], env, cwd=str(WORK)) for name, python in pythons.items()}
+            ratio = counts["with"] / counts["without"]
+            rows.append(row(f"python -c pass, {kind}, instructions (callgrind), with sharedfs vs without",
+                            counts["with"], counts["without"], "instr", "<= 1.03", at_most(ratio, 1.03),
+                            floor=counts["floor"], floor_what="the .pth-only venv",
+                            note=f"sharedfs adds {counts['with'] - counts['without']:,} instructions, of which "
+                                 f"{counts['floor'] - counts['without']:,} any .pth costs"))
+    selfs = []
+    for _ in range(max(5, args.runs // 4)):
+        err = subprocess.run([pythons["with"], "-X", "importtime", "-c", "pass"], env=env, capture_output=True,
+                             text=True, cwd=WORK).stderr
+        selfs.append(sum(int(line.split("|")[0].split(":")[1]) for line in err.splitlines()
+                         if "sharedfs" in line and line.startswith("import time:")))
+    rows.append(row("sharedfs modules imported at start-up (-X importtime, self)", median(selfs), None, "us", "-",
+                    None, note="only _sharedfs_bootstrap should appear"))
+    return rows
 
 
-def bootstrap_self_time(python: str, env: dict[str, str]) -> float:
-    """Microseconds spent importing sharedfs modules at start-up, from -X importtime (median of 15)."""
-    totals = []
-    for _ in range(15):
-        err = subprocess.run([python, "-X", "importtime", "-c", "pass"], env=env, capture_output=True,
-                             text=True).stderr
-        totals.append(sum(int(line.split("|")[0].split(":")[1]) for line in err.splitlines()
-                          if "sharedfs" in line and line.startswith("import time:")))
-    return statistics.median(totals)
+# -- first imports ------------------------------------------------------------------------------
+
+
+def _xtuner_python() -> str | None:
+    """The XTuner test venv tests/integration/test_xtuner.py builds (with sharedfs installed), if any."""
+    cache = Path(os.environ.get("SHAREDFS_TEST_VENV_CACHE", "/var/tmp/sharedfs-test-venvs"))
+    built = sorted(cache.glob("xtuner-*/bin/python"), key=lambda p: p.stat().st_mtime)
+    return str(built[-1]) if built else None
+
+
+def _import(statement: str, env: dict[str, str], activate: bool = False, python: str = sys.executable) -> dict:
+    # A neutral working directory: the checkout on sys.path[0] would shadow another venv's sharedfs.
+    proc = subprocess.run([python, "-c", IMPORT, statement, "activate" if activate else "-"],
+                          capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def import_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    rows = []
+    off = {**env, "SHAREDFS_DISABLE": "1"}
+    for name, statement in FRAMEWORKS.items():
+        if args.only and not any(o in name for o in args.only):
+            continue
+        python = sys.executable
+        try:
+            try:
+                _import(statement, env)  # warm: page cache, .pyc files, and fails fast if not installed
+            except RuntimeError:
+                other = _xtuner_python() if name == "xtuner" else None
+                if other is None:
+                    raise
+                python = other  # XTuner pins its own stack: its test venv (with sharedfs installed)
+                _import(statement, env, python=python)
+            _import(statement, off, python=python)
+        except RuntimeError as exc:
+            log(f"{name}: not measured ({exc})")
+            rows.append(row(f"first import: {name} (`{statement}`)", None, None, "ms", "<= 1.03", None,
+                            note=f"not installed here: {exc}"))
+            continue
+        log(f"{name}: {args.import_runs} alternating imports per side ...")
+        a, b = alternate(lambda s=statement, p=python: _import(s, env, python=p),
+                         lambda s=statement, p=python: _import(s, off, python=p), args.import_runs)
+        paired, spread = paired_ratio([x["wall"] for x in a], [y["wall"] for y in b])
+        cpu = median([x["cpu"] for x in a]) / median([y["cpu"] for y in b])
+        alone = [_import(statement, off, activate=True, python=python) for _ in range(max(3, args.import_runs // 2))]
+        act_wall = median([x["activation_wall"] for x in alone])
+        act_cpu = median([x["activation_cpu"] for x in alone])
+        ours, theirs = median([x["wall"] for x in a]), median([y["wall"] for y in b])
+        rows.append(row(f"first import: {name} (`{statement}`), sharedfs vs SHAREDFS_DISABLE=1", ours, theirs, "ms",
+                        "<= 1.03", at_most(paired, 1.03), ratio=paired, samples=len(a), spread=spread,
+                        activation_ms=act_wall, activation_cpu_ms=act_cpu, cpu_ratio=cpu,
+                        note=f"ratio: median of per-pair ratios; CPU-time ratio {cpu:.3f}; sharedfs's activation "
+                             f"alone {act_wall:.1f} ms ({act_cpu:.1f} ms CPU) = "
+                             f"{act_wall / theirs:.1%} of the stock import"
+                             + ("" if python == sys.executable else f"; interpreter {python}")))
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=40, help="python -c pass runs per venv")
+    parser.add_argument("--import-runs", type=int, default=11, help="imports per side and framework")
+    parser.add_argument("--only", action="append", help="only frameworks whose name contains this")
+    parser.add_argument("--no-startup", dest="startup", action="store_false", help="skip python -c pass")
+    parser.add_argument("--no-imports", dest="imports", action="store_false", help="skip the framework imports")
+    parser.add_argument("--no-callgrind", dest="callgrind", action="store_false")
+    parser.add_argument("--quick", action="store_true", help="a short run to check that everything works")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHAREDFS_", "PYTHON"))}
-    WORK.mkdir(parents=True, exist_ok=True)
-    without = make(WORK / "without", DATASETS)
-    with_sfs = make(WORK / "with", DATASETS, wheel())
-    rows = []
-    for what, code, goal in (("python -c pass", "pass", 1.03), ("import datasets", "import datasets", 1.05)):
-        a, b = alternate(with_sfs, without, code, args.runs, env)
-        rows.append({"what": f"{what} (venv with vs without sharedfs)", "sharedfs": a * 1e3, "baseline": b * 1e3,
-                     "unit": "ms", "ratio": a / b, "goal": f"<= {goal}", "met": a / b <= goal})
-    self_us = bootstrap_self_time(with_sfs, env)
-    rows.append({"what": "sharedfs modules imported at start-up (-X importtime)", "sharedfs": self_us,
-                 "baseline": None, "unit": "us", "ratio": None, "goal": "well under 1 ms", "met": self_us < 1000})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'what':<58}{'sharedfs':>12}{'baseline':>12}{'ratio':>8}  goal")
-    for row in rows:
-        base = f"{row['baseline']:>10.1f}{row['unit']}" if row["baseline"] is not None else f"{'-':>12}"
-        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
-        print(f"{row['what']:<58}{row['sharedfs']:>10.1f}{row['unit']}{base}{ratio:>8}  {row['goal']}")
-    return 0
+    if args.quick:
+        args.runs, args.import_runs = 8, 3
+    env = clean_env()
+    rows = (startup_rows(args, env) if args.startup else []) + (import_rows(args, env) if args.imports else [])
+    return emit(rows, args.json, "start-up and first imports")
 
 
 if __name__ == "__main__":

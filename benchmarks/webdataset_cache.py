@@ -9,7 +9,7 @@
    network) through ``WebDataset``; runs alternate between ``SHAREDFS_DISABLE=1`` and
    sharedfs so drift hits both alike; medians and their ratio (goal >= 0.97x).
 
-    python benchmarks/webdataset_cache.py [--readers 8] [--runs 7] [--json]
+    python benchmarks/webdataset_cache.py [--readers 8] [--runs 7] [--json] [--quick]
 
 Runs the interpreter it is started with (webdataset, torch and sharedfs installed).
 """
@@ -102,7 +102,10 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3, help="passes over the warm cache per run")
     parser.add_argument("--latency", type=float, default=0.05, help="server delay per request, seconds")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--quick", action="store_true", help="a short run to check that everything works")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.epochs, args.shards = 2, 1, 4
 
     with tempfile.TemporaryDirectory(prefix="sharedfs-bench-wds-") as tmp:
         work = Path(tmp)

@@ -11,7 +11,9 @@
 
 Needs the XTuner stack (tests/xt_requirements.txt):
 
-    python benchmarks/xtuner_prepare.py --python /path/to/xtuner-venv/bin/python [--json] [--repeat 3]
+    python benchmarks/xtuner_prepare.py --python /path/to/xtuner-venv/bin/python [--json] [--quick] [--repeat 3]
+
+Exit status 2 when no XTuner stack is found (benchmarks/run_all.py lists it as skipped).
 """
 
 from __future__ import annotations
@@ -127,12 +129,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rows", type=int, default=2000, help="Alpaca rows to prepare")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a short run to check that everything works")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat, args.rows = 1, 300
     args.python = args.python or _xtuner_python()
     check = subprocess.run([args.python, "-c", "import xtuner, sharedfs"], capture_output=True, text=True)
     if check.returncode != 0:
-        raise SystemExit(f"{args.python} cannot import xtuner and sharedfs ({check.stderr.strip().splitlines()[-1]}); "
-                         "pass --python of a venv made with `pip install -r tests/xt_requirements.txt` + sharedfs")
+        print(f"{args.python} cannot import xtuner and sharedfs ({check.stderr.strip().splitlines()[-1]}); "
+              "pass --python of a venv made with `pip install -r tests/xt_requirements.txt` + sharedfs",
+              file=sys.stderr)
+        return 2  # cannot run here: benchmarks/run_all.py lists it as skipped
     with tempfile.TemporaryDirectory(prefix="xtuner-prepare-") as tmp:
         tiny = Path(tmp) / "tiny"
         subprocess.run([args.python, str(ROOT / "tests" / "xt_tiny_llama.py"), str(tiny), str(args.rows)],
