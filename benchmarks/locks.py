@@ -47,6 +47,9 @@ from _common import (
     valgrind,
 )
 
+#: benchmarks/run_all.py gives this benchmark this long (seconds) on a quiet 2-core machine.
+RUN_ALL_TIMEOUT = 2400
+
 #: One process: ``which path rounds warm-up n`` -> JSON {"per_cycle": [seconds per cycle, one per round], "kind"}.
 UNCONTENDED = textwrap.dedent("""
     import fcntl, json, os, sys, time

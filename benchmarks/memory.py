@@ -26,6 +26,9 @@ import textwrap
 
 from _common import alternate, at_most, clean_env, emit, log, median, row
 
+#: benchmarks/run_all.py gives this benchmark this long (seconds) on a quiet 2-core machine.
+RUN_ALL_TIMEOUT = 2400
+
 RSS = textwrap.dedent("""
     import json, os, sys, tempfile
     exec(sys.argv[1])
