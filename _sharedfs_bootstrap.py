@@ -4,7 +4,7 @@ Every Python process on a cluster pays for this module (each rank, each
 DataLoader worker, each subprocess), so it is stdlib-only, imports nothing
 that ``site`` has not already imported, and is a top-level module of its own
 (as virtualenv's ``_virtualenv.py``): starting an interpreter does not import
-the ``sharedfs`` package at all.  It installs one ``sys.meta_path``
+the ``sharedfs`` package at all.  It installs itself as a ``sys.meta_path``
 finder that notices when a target framework has *finished* executing and only
 then hands over to :mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
@@ -14,8 +14,11 @@ the package only when a target has been imported, and nothing in the kernel
 imports it except :mod:`sharedfs.control` and the CLI's status.
 """
 
-import os
 import sys
+
+# No module-level `import os`: this module stays referenced from sys.meta_path until the
+# interpreter exits, and holding os (or os.environ) there made every exit ~0.4 M instructions
+# dearer (Py_FinalizeEx; benchmarks/startup.py counts it).
 
 # The bootstrap reads one variable.  Its name and values are spelled here as well as in
 # ``sharedfs.envvars`` because every module imported at start-up costs every process
@@ -45,18 +48,31 @@ TARGETS = {
     "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
 }
 
+#: The module names watched while installed (the table's, plus third-party shims' targets).
+_targets = set()  # type: set[str]
+#: Names whose real spec is being looked up right now: :func:`find_spec` asks the other
+#: finders, and must not answer itself while doing so.
+_busy = set()  # type: set[str]
+#: This module while it is installed: the module itself is the ``sys.meta_path`` finder
+#: (:func:`find_spec` below).  A finder class would cost every interpreter its creation at
+#: start-up and its teardown at exit, about as much as importing this module.
 _finder = None
 
 
-def disabled_entirely(environ=os.environ):
+def disabled_entirely(environ=None):
     """True when ``SHAREDFS_DISABLE`` asks for nothing at all to be installed."""
+    if environ is None:
+        from os import environ
     return environ.get(DISABLE, "").strip().lower() in TRUE_VALUES
 
 
 def install():
     """The ``.pth`` entry point: install the finder unless disabled.  Never raises."""
     try:
-        install_finder()
+        from os import environ  # loaded by site already
+
+        # `in` first: the variable is rarely set, and os.environ.get pays for a KeyError then.
+        install_finder(respect_disable=DISABLE in environ)
     except Exception as exc:  # noqa: BLE001 - an autoloader that raises breaks every interpreter
         sys.stderr.write(
             "sharedfs: autoload failed and is off for this process: %r\n"
@@ -70,11 +86,12 @@ def install_finder(respect_disable=True):
     global _finder
     if _finder is not None or (respect_disable and disabled_entirely()):
         return
-    _finder = _TargetFinder(TARGETS.values())
+    _targets.update(TARGETS.values())
+    _finder = sys.modules[__name__]
     sys.meta_path.insert(0, _finder)
     # A target imported before us (another .pth, or sharedfs.enable() at run time)
     # is patched now rather than never.
-    for module_name in list(_finder.targets):
+    for module_name in list(_targets):
         if module_name in sys.modules:
             _activate(module_name)
 
@@ -88,6 +105,7 @@ def uninstall():
         except ValueError:
             pass
         _finder = None
+        _targets.clear()
 
 
 def installed():
@@ -98,7 +116,7 @@ def installed():
 def add_targets(module_names):
     """Watch more modules (targets declared by third-party shims, known only after entry points load)."""
     if _finder is not None:
-        _finder.targets.update(module_names)
+        _targets.update(module_names)
 
 
 def _activate(module_name):
@@ -108,43 +126,35 @@ def _activate(module_name):
 
     known = activate(module_name)
     # Third-party shims (from entry points) may target modules the static table lacks.
-    new = known - _finder.targets if _finder is not None else set()
+    new = known - _targets if _finder is not None else set()
     add_targets(new)
     for name in sorted(new):
         if name in sys.modules:
             _activate(name)
 
 
-class _TargetFinder:
-    """A meta-path finder that wraps a target's loader so sharedfs runs right after it."""
-
-    def __init__(self, targets):
-        self.targets = set(targets)
-        # Names whose real spec we are looking up right now: find_spec below asks the
-        # other finders, and must not answer itself while doing so.
-        self._busy = set()
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.targets or fullname in self._busy:
-            return None
-        self._busy.add(fullname)
-        try:
-            spec = None
-            # Ask the finders after us directly instead of importlib.util.find_spec:
-            # importlib.util is not loaded at start-up and would cost every process.
-            for finder in sys.meta_path:
-                if finder is self:
-                    continue
-                find = getattr(finder, "find_spec", None)
-                spec = find(fullname, path, target) if find is not None else None
-                if spec is not None:
-                    break
-        finally:
-            self._busy.discard(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        _hook_exec_module(spec.loader, fullname)
-        return spec
+def find_spec(fullname, path, target=None):
+    """The finder protocol: wrap a target's loader so sharedfs runs right after the target executes."""
+    if fullname not in _targets or fullname in _busy:
+        return None
+    _busy.add(fullname)
+    try:
+        spec = None
+        # Ask the finders after us directly instead of importlib.util.find_spec:
+        # importlib.util is not loaded at start-up and would cost every process.
+        for finder in sys.meta_path:
+            if finder is _finder:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+    finally:
+        _busy.discard(fullname)
+    if spec is None or spec.loader is None:
+        return None
+    _hook_exec_module(spec.loader, fullname)
+    return spec
 
 
 def _hook_exec_module(loader, fullname):

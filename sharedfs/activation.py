@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import choices, runtime
+from . import choices, distinfo, runtime
 from ._policy import CachePlacement, Policy
 from .errors import SharedFSError
 from .hookspecs import NAME
@@ -132,23 +132,21 @@ def activate_imported() -> None:
 
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, from its metadata (never by importing it)."""
-    from importlib.metadata import PackageNotFoundError, version  # ~17 ms: only once a target is in use
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
+    return distinfo.version(distribution)  # its metadata directory's name; importlib.metadata when unsure
 
 
 def version_supported(state: ShimState) -> bool:
     """Whether the installed framework is in the shim's tested range; says so once when it is not."""
     if state.supported is None:
-        from packaging.specifiers import SpecifierSet
-
         shim = state.shim
         state.installed_version = installed_version(shim.distribution)
-        state.supported = state.installed_version is not None and SpecifierSet(
-            shim.supported, prereleases=True).contains(state.installed_version)
+        supported = None if state.installed_version is None else distinfo.in_range(state.installed_version,
+                                                                                   shim.supported)
+        if supported is None and state.installed_version is not None:  # a pre-release, or a complex range
+            from packaging.specifiers import SpecifierSet
+
+            supported = SpecifierSet(shim.supported, prereleases=True).contains(state.installed_version)
+        state.supported = bool(supported)
         if not state.supported and state.installed_version is not None:  # not installed: nothing to say
             log.warning("%s %s is outside the supported range %s; its shim stays off",
                         shim.distribution, state.installed_version, shim.supported)

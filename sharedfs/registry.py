@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import pluggy
 
-from . import hookspecs
+from . import distinfo, hookspecs
 from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
 from .hookspecs import NAME
 from .identity import ProcessIdentity
@@ -68,6 +68,8 @@ class Registry:
     # -- loading ---------------------------------------------------------------------------
 
     def _load_entry_points(self) -> list[ExternalPlugin]:
+        if not distinfo.declares_group(NAME):  # the usual case: no importlib.metadata to import
+            return []
         from importlib.metadata import entry_points
 
         found = []

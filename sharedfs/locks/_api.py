@@ -56,6 +56,21 @@ REPORT_AFTER = 30.0
 REPORT_EVERY = 120.0
 
 
+class _Wait(threading.local):
+    """One thread's wait for one lock; the class attributes are every thread's starting values."""
+
+    started: float | None = None  # when this thread's current wait began (its first refused attempt)
+    report_after = REPORT_AFTER
+    next_attempt = 0.0
+    pause = MIN_POLL
+    missed = False
+    gate: int | None = None
+
+    def end(self) -> None:
+        """Back to the starting values (the gate, if any, is the caller's to keep or leave)."""
+        self.started, self.next_attempt, self.pause, self.missed = None, 0.0, MIN_POLL, False
+
+
 class _State:
     """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
 
@@ -70,7 +85,7 @@ class _State:
                              choices.team_cache(os.path.dirname(lock_file), policy), explicit_mode=mode)
         self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
         self.holds: dict[int, Hold] = {}
-        self.waits = threading.local()  # per thread: when this wait began, next attempt, pause
+        self.waits = _Wait()  # per thread: when this wait began, next attempt, pause
 
     def fall_back(self, refused: NativeLockRefused) -> None:
         """The filesystem refused a native lock: ask the plugins again with that evidence."""
@@ -91,6 +106,10 @@ class SharedFSLockMixin:
     _sharedfs_policy: Policy | None = None
     #: Who made the lock, for the log line that says which kind it got ("datasets locks -> soft: ...").
     _sharedfs_owner = "sharedfs"
+    #: filelock >= 4 tracks descriptors for forks and signals; older releases read the field only.
+    _sharedfs_tracks_fds = hasattr(filelock.BaseFileLock, "_mark_descriptor_owned")
+    #: The acquire after the mixin's in the MRO (filelock's, or the framework class's).
+    _sharedfs_next_acquire: Any = filelock.BaseFileLock.acquire
 
     # -- what sharedfs adds, resolved on first use (constructing a lock costs nothing extra) ----
 
@@ -122,16 +141,17 @@ class SharedFSLockMixin:
     # -- filelock's two methods -----------------------------------------------------------------
 
     def _acquire(self) -> None:
-        state = self._sharedfs()
+        state = self.__dict__.get("_sharedfs_state") or self._sharedfs()
         wait = state.waits
-        now = time.monotonic()
-        if now < getattr(wait, "next_attempt", 0.0):
-            return  # backing off: filelock polls often, the shared filesystem is asked less
-        if getattr(wait, "missed", False) and getattr(wait, "gate", None) is None and _shared(state):
-            gate = gates.try_enter(state.target.lock_file)
-            if gate is None:
-                return  # another rank of this node is asking the shared filesystem for both of us
-            wait.gate = gate
+        missed = wait.missed
+        if missed:  # only a waiter pays for the back-off and the node gate
+            if time.monotonic() < wait.next_attempt:
+                return  # backing off: filelock polls often, the shared filesystem is asked less
+            if wait.gate is None and _shared(state):
+                gate = gates.try_enter(state.target.lock_file)
+                if gate is None:
+                    return  # another rank of this node is asking the shared filesystem for both of us
+                wait.gate = gate
         while True:  # each refusal removes one native kind from the choice: at most flock, posix, then soft
             try:
                 hold = state.kind.try_acquire()
@@ -139,20 +159,29 @@ class SharedFSLockMixin:
             except NativeLockRefused as refused:
                 state.fall_back(refused)
         if hold is None:
-            self._sharedfs_missed(state, now)
+            self._sharedfs_missed(state, time.monotonic())
             return
-        hold.gate, wait.gate = getattr(wait, "gate", None), None
-        wait.next_attempt, wait.pause, wait.missed = 0.0, MIN_POLL, False
-        with state.guard:
-            state.holds[hold.fd] = hold
-        _own(self, hold.fd)
+        if missed:
+            hold.gate, wait.gate = wait.gate, None
+            wait.end()
+        state.holds[hold.fd] = hold  # one dict store: atomic, no guard needed
+        if self._sharedfs_tracks_fds:  # filelock >= 4 tracks descriptors for forks and signals
+            identity = hold.identity
+            if identity is None:
+                st = os.fstat(hold.fd)
+                identity = (st.st_dev, st.st_ino)
+            self._mark_descriptor_owned(hold.fd, identity)  # type: ignore[attr-defined]
+        else:  # older releases read the field only
+            self._context.lock_file_fd = hold.fd  # type: ignore[attr-defined]
 
     def _release(self) -> None:
         fd = self._context.lock_file_fd  # type: ignore[attr-defined]
-        state = self._sharedfs()
-        with state.guard:
-            hold = state.holds.pop(fd, None)
-        _disown(self)
+        state = self.__dict__.get("_sharedfs_state") or self._sharedfs()
+        hold = state.holds.pop(fd, None)
+        if self._sharedfs_tracks_fds:
+            self._mark_descriptor_released()  # type: ignore[attr-defined]
+        else:
+            self._context.lock_file_fd = None  # type: ignore[attr-defined]
         if hold is not None:
             try:
                 hold.kind.release(hold)
@@ -162,17 +191,16 @@ class SharedFSLockMixin:
 
     def _sharedfs_missed(self, state: _State, now: float) -> None:
         wait = state.waits
-        wait.missed = True
+        if not wait.missed:
+            wait.missed, wait.started, wait.report_after = True, now, REPORT_AFTER
         if _shared(state):
             # Doubling from MIN_POLL to the poll interval, +-25 %: a release is noticed within 1.25
             # poll intervals, and ranks released by one event do not hit the metadata server in step.
-            pause = getattr(wait, "pause", MIN_POLL)
+            pause = wait.pause
             wait.next_attempt = now + pause * random.uniform(0.75, 1.25)
             wait.pause = min(pause * 2, state.target.policy.poll_interval)
-        started = getattr(wait, "started", None)
-        if started is None:
-            return
-        if now - started >= getattr(wait, "report_after", REPORT_AFTER):
+        started = wait.started
+        if started is not None and now - started >= wait.report_after:
             # A silent hang at 3 a.m. is the worst failure: say whom we wait for.
             wait.report_after = now - started + REPORT_EVERY
             log.warning("still waiting for %s after %.0f s: %s", state.target.lock_file, now - started,
@@ -181,27 +209,22 @@ class SharedFSLockMixin:
     # -- filelock's public method, with sharedfs's timeout message -------------------------------
 
     def acquire(self, *args: Any, **kwargs: Any) -> Any:
-        state = self._sharedfs()
-        wait = state.waits
-        outer = getattr(wait, "started", None) is None
-        if outer:
-            wait.started, wait.report_after = time.monotonic(), REPORT_AFTER
         try:
-            return super().acquire(*args, **kwargs)  # type: ignore[misc]
-        except filelock.Timeout as exc:
-            if isinstance(exc, LockTimeout):
+            # The next class's acquire, looked up once per class (drop_in): no super() object per call.
+            return self._sharedfs_next_acquire(*args, **kwargs)  # type: ignore[misc]
+        except BaseException as exc:  # gave up (timeout, interrupt): this thread's wait is over
+            state = self._sharedfs()
+            wait = state.waits
+            wait.end()
+            if wait.gate is not None:  # the next rank of this node may ask
+                gates.leave(wait.gate)
+                wait.gate = None
+            if not isinstance(exc, filelock.Timeout) or isinstance(exc, LockTimeout):
                 raise
             timeout = kwargs.get("timeout", args[0] if args else None)
             if timeout is None:
                 timeout = getattr(self, "timeout", None)
             raise LockTimeout(self.lock_file, _timeout_message(state, timeout, kwargs.get("blocking"))) from None  # type: ignore[attr-defined]
-        finally:
-            if outer:
-                wait.started = None
-                wait.next_attempt, wait.pause, wait.missed = 0.0, MIN_POLL, False
-                if getattr(wait, "gate", None) is not None:  # gave up (timeout): the next rank may ask
-                    gates.leave(wait.gate)
-                    wait.gate = None
 
     def __repr__(self) -> str:
         state = self.__dict__.get("_sharedfs_state")
@@ -217,24 +240,6 @@ class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
 def _shared(state: _State) -> bool:
     """Whether waiting for this lock costs a shared filesystem operations (native kinds there take the marker)."""
     return state.target.choice.marker or state.target.choice.kind in ("soft", "lease")
-
-
-def _own(lock: Any, fd: int) -> None:
-    # filelock >= 4 tracks descriptors for forks and signals; older releases read the field only.
-    mark = getattr(lock, "_mark_descriptor_owned", None)
-    if mark is not None:
-        st = os.fstat(fd)
-        mark(fd, (st.st_dev, st.st_ino))
-    else:
-        lock._context.lock_file_fd = fd
-
-
-def _disown(lock: Any) -> None:
-    mark = getattr(lock, "_mark_descriptor_released", None)
-    if mark is not None:
-        mark()
-    else:
-        lock._context.lock_file_fd = None
 
 
 def _holder_text(state: _State) -> str:
@@ -334,6 +339,8 @@ def drop_in(original: type, policy: Policy, owner: str = __name__) -> type:
                        "the lock kind is chosen for each file's filesystem.",
             "_sharedfs_policy": policy,
             "_sharedfs_owner": owner.rpartition(".")[2],
+            "_sharedfs_tracks_fds": hasattr(original, "_mark_descriptor_owned"),
+            "_sharedfs_next_acquire": original.acquire,  # type: ignore[attr-defined]
         })
         per_policy[policy] = made
     return made

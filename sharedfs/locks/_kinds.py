@@ -30,6 +30,7 @@ import os
 import stat
 import threading
 from dataclasses import dataclass, field
+from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
 from typing import Any, Callable
 
 from .. import oslocks
@@ -39,6 +40,10 @@ from ..safefile import NOFOLLOW
 from . import _marker
 
 log = logging.getLogger("sharedfs")
+
+LOCK_EX_NB = LOCK_EX | LOCK_NB
+#: How a native lock file is opened (created if missing), as _open_lock_file does in the common case.
+_LOCK_FILE_FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW
 
 #: The mode filelock >= 4 uses when none is given: 0o666 filtered by the umask (and default ACLs).
 DEFAULT_MODE = 0o666
@@ -72,18 +77,26 @@ class Target:
         return _marker.marker_path(self.lock_file)
 
 
-@dataclass
 class Hold:
-    """One held lock: the descriptor filelock's context keeps, and what releasing it needs."""
+    """One held lock: the descriptor filelock's context keeps, and what releasing it needs.
 
-    fd: int
-    kind: Any  # the Kind instance that took it (a run-time fallback may change the lock's kind)
-    pid: int = field(default_factory=os.getpid)
-    marker_fd: int | None = None
-    lease: Any = None
-    thread_lock: threading.Lock | None = None
-    #: The node gate this process held while it waited (sharedfs.gates), kept until release.
-    gate: int | None = None
+    A plain class with slots, not a dataclass: one is made for every acquisition.
+    """
+
+    __slots__ = ("fd", "kind", "pid", "marker_fd", "lease", "thread_lock", "gate", "identity")
+
+    def __init__(self, fd: int, kind: Any, *, marker_fd: int | None = None, lease: Any = None,
+                 thread_lock: threading.Lock | None = None, identity: tuple[int, int] | None = None) -> None:
+        self.fd = fd
+        self.kind = kind  # the Kind instance that took it (a run-time fallback may change the lock's kind)
+        self.pid = os.getpid()
+        self.marker_fd = marker_fd
+        self.lease = lease
+        self.thread_lock = thread_lock
+        #: The node gate this process held while it waited (sharedfs.gates), kept until release.
+        self.gate: int | None = None
+        #: (st_dev, st_ino) of ``fd`` when the kind already knows it (filelock's descriptor tracking).
+        self.identity = identity
 
 
 # -- the marker, shared by every kind -----------------------------------------------------------
@@ -143,7 +156,9 @@ def _break_if_dead(target: Target, native_held: bool,
     if not dead:
         return False
     try:
-        broken = _marker.break_stale(target.marker, seen)
+        breaker = HolderRecord.mine(target.policy.node_id, "break")
+        broken = _marker.break_stale(target.marker, seen, breaker,
+                                     lambda other: holder_alive(other, target.policy) is False)
     except _marker.NotAllowed:
         _say_once(target.marker + ":owner",
                   "%s was left by %s, whose process is gone (%s), but %s does not let you remove another user's "
@@ -285,24 +300,35 @@ class Native:
         self.holder_alive = holder_alive
 
     def try_acquire(self) -> Hold | None:
-        opened = _open_lock_file(self.target)
-        if opened is None:
-            return None
-        fd, read_only = opened
+        target = self.target
+        fd: int | None = None
+        read_only = False
+        if target.team is None and target.explicit_mode is None:
+            try:  # the common case, inline: the lock file exists, or this call creates it
+                fd = os.open(target.lock_file, _LOCK_FILE_FLAGS, target.mode)
+            except OSError:
+                pass  # vanished meanwhile, or not ours to write: _open_lock_file sorts it out
+        if fd is None:
+            opened = _open_lock_file(target)
+            if opened is None:
+                return None
+            fd, read_only = opened
         shared = read_only and self.how == "posix"
         thread_lock: threading.Lock | None = None
         locked = False
         hold: Hold | None = None
         try:
-            st = os.fstat(fd)
             if self.how == "posix":
-                candidate = _InProcess.for_file(st)
+                candidate = _InProcess.for_file(os.fstat(fd))
                 if not candidate.acquire(blocking=False):
                     return None
                 thread_lock = candidate
             try:
                 try:
-                    oslocks.lock(fd, self.how, shared=shared)
+                    if self.how == "flock" and not read_only:
+                        flock(fd, LOCK_EX_NB)  # the common case, inline
+                    else:
+                        oslocks.lock(fd, self.how, shared=shared)
                 except OSError as exc:
                     if not (read_only and exc.errno == errno.EBADF and not shared):
                         raise
@@ -316,14 +342,20 @@ class Native:
                 raise
             locked = True
             # Locked an inode someone unlinked or replaced (wids unlinks its lock files,
-            # webdataset#386): that lock guards no name, so let go and try again.
-            try:
-                current = os.stat(self.target.lock_file)
-            except FileNotFoundError:
+            # webdataset#386): that lock guards no name, so let go and try again.  On a filesystem
+            # only this node sees, the inode's link count says so exactly; where other nodes
+            # unlink (a client's attribute cache may lag), the name is looked up again.
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
                 return None
-            if (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
-                return None
-            candidate_hold = Hold(fd=fd, kind=self, thread_lock=thread_lock)
+            if target.choice.marker or read_only:
+                try:
+                    current = os.stat(target.lock_file)
+                except FileNotFoundError:
+                    return None
+                if current.st_ino != st.st_ino or current.st_dev != st.st_dev:
+                    return None
+            candidate_hold = Hold(fd, self, thread_lock=thread_lock, identity=(st.st_dev, st.st_ino))
             if self.target.choice.marker or shared:
                 # A shared lock proves nothing about a marker's holder (other readers hold one too).
                 taken = take_marker(self.target, native_held=not shared, holder_alive=self.holder_alive)
@@ -343,10 +375,14 @@ class Native:
                         thread_lock.release()
 
     def release(self, hold: Hold) -> None:
-        drop_marker(hold, self.target)
+        if hold.marker_fd is not None:
+            drop_marker(hold, self.target)
         try:
             if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
-                oslocks.unlock(hold.fd, self.how)
+                if self.how == "flock":
+                    flock(hold.fd, LOCK_UN)
+                else:
+                    oslocks.unlock(hold.fd, self.how)
         finally:
             os.close(hold.fd)
             if hold.thread_lock is not None and hold.pid == os.getpid():
@@ -368,7 +404,7 @@ class Existence:
         if taken is None:
             return None
         fd, lease = taken
-        return Hold(fd=fd, kind=self, marker_fd=fd, lease=lease)
+        return Hold(fd, self, marker_fd=fd, lease=lease)
 
     def release(self, hold: Hold) -> None:
         drop_marker(hold, self.target)

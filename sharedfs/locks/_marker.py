@@ -28,12 +28,15 @@ must still be the dead holder's, so a successor's fresh marker is never removed.
 
 from __future__ import annotations
 
+import binascii
+import errno
 import logging
 import os
 import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 from ..records import HolderRecord
 from ..safefile import create_exclusive, read_untrusted, write_all
@@ -77,18 +80,86 @@ class Seen:
 def create(path: str, record: HolderRecord, mode: int) -> int:
     """Create the marker ``path`` holding ``record``; the descriptor stays open while held.
 
-    Raises :class:`FileExistsError` while someone holds it.  A record that cannot be
-    written (ENOSPC, EDQUOT) removes the marker again and raises: an empty marker would
-    only block others until :data:`EMPTY_GRACE` runs out.
+    Raises :class:`FileExistsError` while someone holds it.  The record is written to a file of
+    this taker's own first and then hard-linked to the marker's name (the NFS-safe way to create
+    a lock file, open(2)): the marker never exists without its record.  Creating it empty and
+    writing after would leave an empty marker behind a taker SIGKILLed in between (every waiter
+    stuck for :data:`EMPTY_GRACE`), and on NFS an unflushed write shows other clients an empty
+    marker while its holder is alive (the client flushes before a link).  Filesystems without
+    hard links get ``O_EXCL`` and a write.  A record that cannot be written (ENOSPC, EDQUOT)
+    leaves nothing behind and raises.
     """
+    data = record.to_bytes()
+    try:  # one lookup while someone holds it, instead of making and removing a file on every poll
+        os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        raise FileExistsError(errno.EEXIST, "the lock marker exists", path)
+    try:
+        st_dev = os.lstat(os.path.dirname(path) or ".").st_dev
+    except OSError:
+        st_dev = None
+    if st_dev is not None and st_dev not in _NO_LINKS:
+        fd = _create_linked(path, data, mode, st_dev)
+        if fd is not None:
+            return fd
     fd = create_exclusive(path, mode)
     try:
-        write_all(fd, record.to_bytes())
+        write_all(fd, data)
     except BaseException:
         _unlink_if_same(path, os.fstat(fd))
         os.close(fd)
         raise
     return fd
+
+
+#: Devices whose filesystem refused a hard link: markers there are created O_EXCL and then written.
+_NO_LINKS: set[int] = set()
+
+
+def own_name(path: str, data: bytes) -> str:
+    """The name a taker writes its record under before linking it to ``path`` (derived from the record,
+    so whoever breaks a dead holder's marker can remove a name the holder had no time to)."""
+    return f"{path}.{binascii.crc32(data):08x}"
+
+
+def _create_linked(path: str, data: bytes, mode: int, st_dev: int) -> int | None:
+    """The marker made by link(2); ``None`` when this filesystem has no hard links."""
+    temp = own_name(path, data)
+    try:
+        fd = create_exclusive(temp, mode)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "another taker's record file has this name", temp) from None
+    try:
+        write_all(fd, data)
+        try:
+            os.link(temp, path, follow_symlinks=False)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            # NFS may report a link that was made (a retransmitted request): the link count tells (open(2)).
+            if os.fstat(fd).st_nlink != 2:
+                if exc.errno in _NO_LINK_ERRNOS:
+                    _NO_LINKS.add(st_dev)
+                    os.unlink(temp)
+                    os.close(fd)
+                    return None
+                raise
+        else:
+            if os.fstat(fd).st_nlink != 2:
+                # Someone swapped our own name for another file between its creation and the link:
+                # what now sits at the marker is theirs, so the lock counts as held (fail closed).
+                raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
+        os.unlink(temp)
+    except BaseException:
+        _unlink_if_same(temp, os.fstat(fd))
+        os.close(fd)
+        raise
+    return fd
+
+
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV}
 
 
 def read(path: str) -> Seen | None:
@@ -108,17 +179,21 @@ class NotAllowed(PermissionError):
     """The directory does not let this user remove the dead holder's marker (another user's file)."""
 
 
-def break_stale(path: str, seen: Seen) -> bool:
+def break_stale(path: str, seen: Seen, breaker: HolderRecord,
+                dead: Callable[[HolderRecord], bool | None]) -> bool:
     """Remove the marker ``path`` if it is still exactly ``seen``; True when this call removed it.
 
-    Raises :class:`NotAllowed` when the directory forbids it (a sticky directory, or no write
-    permission): then only the marker's owner or an administrator can clear it.
+    Breakers take turns through ``<marker>.break``, which holds the ``breaker``'s record, so a
+    breaker killed half-way is recognised by ``dead`` (the holder check) as soon as it is gone;
+    one nobody can vouch for is cleared after :data:`BREAK_GRACE`.  Raises :class:`NotAllowed`
+    when the directory forbids it (a sticky directory, or no write permission): then only the
+    marker's owner or an administrator can clear it.
     """
-    breaker = path + BREAK_SUFFIX
+    turn = path + BREAK_SUFFIX
     try:
-        fd = create_exclusive(breaker, 0o600)
+        fd = create(turn, breaker, 0o600)
     except FileExistsError:
-        _clear_dead_breaker(breaker)
+        _clear_dead_breaker(turn, dead)
         return False
     except PermissionError as exc:
         raise NotAllowed(exc.errno, exc.strerror, path) from None
@@ -132,23 +207,30 @@ def break_stale(path: str, seen: Seen) -> bool:
         if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
             return False
         os.unlink(path)
+        if st.st_nlink > 1:  # its holder died between linking its record and removing its own name
+            _unlink_if_same(own_name(path, seen.data), st)
         return True
     except PermissionError as exc:  # a sticky directory: only the owner (or root) may unlink it
         raise NotAllowed(exc.errno, exc.strerror, path) from None
     except OSError:
         return False
     finally:
-        _unlink_if_same(breaker, os.fstat(fd))
+        _unlink_if_same(turn, os.fstat(fd))
         os.close(fd)
 
 
-def _clear_dead_breaker(breaker: str) -> None:
+def _clear_dead_breaker(turn: str, dead: Callable[[HolderRecord], bool | None]) -> None:
+    seen = read(turn)
+    if seen is None or not seen.readable:
+        return
     try:
-        st = os.lstat(breaker)
+        st = os.lstat(turn)
     except OSError:
         return
-    if time.time() - st.st_mtime > BREAK_GRACE:
-        _unlink_if_same(breaker, st)
+    if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
+        return  # another breaker's turn began meanwhile
+    if (seen.record is not None and dead(seen.record) is True) or time.time() - st.st_mtime > BREAK_GRACE:
+        _unlink_if_same(turn, st)
 
 
 def _unlink_if_same(path: str, st: os.stat_result) -> None:

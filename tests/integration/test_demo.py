@@ -12,6 +12,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,7 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
         scenario = by_name[name]
         assert scenario["verdict"] == "skipped" and scenario["without"] is None, scenario
         assert scenario["skipped"].startswith(f"needs {module}") and "not installed" in scenario["skipped"]
-        assert f"-m pip install '{scenarios.DISTRIBUTIONS[module]}" in scenario["install"], scenario
+        assert f"-m pip install {shlex.quote(scenarios.DISTRIBUTIONS[module])}" in scenario["install"], scenario
         assert "pip install 'sharedfs[demo]'" in scenario["install"]
     for name in ("flock that excludes one node only (GPFS, localflock)", "8 ranks makedirs on a lagging filesystem",
                  "rank 0 made a dir, other node waits 1 s"):
