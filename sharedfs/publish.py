@@ -26,8 +26,9 @@ def _umask() -> int:
 
 
 def fsync_dir(directory: str) -> None:
+    """Make a rename in ``directory`` survive a crash; never follows a symlink planted in its place."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return
     try:

@@ -119,6 +119,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from . import teamfiles
 from .errors import LockTimeout, UnsafeDirectoryError, WaitTimeout
+from .publish import fsync_dir
 from .records import HolderRecord
 from .safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
 
@@ -185,19 +186,6 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some network filesystems refuse fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 # -- where the coordination tree is ---------------------------------------------------------------
@@ -409,7 +397,7 @@ def _create_tree(target: str, cache_st: os.stat_result, team: TeamCache | None =
         if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
         return _visible_within(target, LAG_BOUND)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     return True
 
 
@@ -808,7 +796,7 @@ def _publish(private: _PrivateDir, name: str, dest: str, team: TeamCache | None 
             raise
         # Same mount, yet "cross-device": CephFS quota realms, XFS/Lustre project quotas.
         _copy_in(private, name, dest, team)
-    _fsync_dir(os.path.dirname(os.path.abspath(dest)))
+    fsync_dir(os.path.dirname(os.path.abspath(dest)))
 
 
 def _copy_in(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:

@@ -96,12 +96,9 @@ def create(path: str, record: HolderRecord, mode: int) -> int:
         pass
     else:
         raise FileExistsError(errno.EEXIST, "the lock marker exists", path)
-    try:
-        st_dev = os.lstat(os.path.dirname(path) or ".").st_dev
-    except OSError:
-        st_dev = None
-    if st_dev is not None and st_dev not in _NO_LINKS:
-        fd = _create_linked(path, data, mode, st_dev)
+    directory = os.path.dirname(path)
+    if directory not in _NO_LINKS:
+        fd = _create_linked(path, data, mode, directory)
         if fd is not None:
             return fd
     fd = create_exclusive(path, mode)
@@ -114,8 +111,8 @@ def create(path: str, record: HolderRecord, mode: int) -> int:
     return fd
 
 
-#: Devices whose filesystem refused a hard link: markers there are created O_EXCL and then written.
-_NO_LINKS: set[int] = set()
+#: Directories whose filesystem refused a hard link: markers there are created O_EXCL and then written.
+_NO_LINKS: set[str] = set()
 
 
 def own_name(path: str, data: bytes) -> str:
@@ -124,7 +121,7 @@ def own_name(path: str, data: bytes) -> str:
     return f"{path}.{binascii.crc32(data):08x}"
 
 
-def _create_linked(path: str, data: bytes, mode: int, st_dev: int) -> int | None:
+def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | None:
     """The marker made by link(2); ``None`` when this filesystem has no hard links."""
     temp = own_name(path, data)
     try:
@@ -141,7 +138,7 @@ def _create_linked(path: str, data: bytes, mode: int, st_dev: int) -> int | None
             # NFS may report a link that was made (a retransmitted request): the link count tells (open(2)).
             if os.fstat(fd).st_nlink != 2:
                 if exc.errno in _NO_LINK_ERRNOS:
-                    _NO_LINKS.add(st_dev)
+                    _NO_LINKS.add(directory)
                     os.unlink(temp)
                     os.close(fd)
                     return None

@@ -86,7 +86,7 @@ def _upstream(tmp_path: Path, label: str, env: dict[str, str]) -> tuple[subproce
     (work / "test_upstream.py").write_text(UPSTREAM)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                            str(work / "basetemp"), str(work / "test_upstream.py")], check=False, cwd=work,
-                          capture_output=True, text=True, timeout=300, env=clean_env({"TMPDIR": str(tmpdir), **env}))
+                          capture_output=True, text=True, timeout=300, env=clean_env({"TMPDIR": str(tmpdir), "COLUMNS": "400", **env}))  # untruncated summary lines
     return proc, tmpdir
 
 
