@@ -93,7 +93,7 @@ def test_two_nodes_fetch_each_shard_once_per_cache_with_sharedfs(hostile_mount, 
                     out = json.loads(r.stdout)
                     assert out["num_workers"] == 4 and out["samples"] == expected
     # Plain webdataset: no lock, so both nodes fetch; on lagging storage the second rename even
-    # hides the first node's file from it (FileNotFoundError on the shard, the seed's error class).
+    # hides the first node's file from it (FileNotFoundError on the shard).
     duplicates = sum(runs["plain"].values()) - len(runs["plain"])
     assert duplicates > 0 or failed["plain"], (runs["plain"], failed["plain"])
     print(f"plain webdataset on {profile}: {duplicates} duplicate fetches, failures: {failed['plain']}")

@@ -1,7 +1,7 @@
-"""wids (seed 001) on cluster-like storage: real wids 0.1.11 (or webdataset 0.2's copy), real HTTP shards, real processes.
+"""wids on cluster-like storage: real wids 0.1.11 (or webdataset 0.2's copy), real HTTP shards, real processes.
 
-Each test first shows plain wids (``SHAREDFS_DISABLE=1``) failing the way the
-seed and webdataset#386 describe -- its ``ULockFile`` cannot lock where flock
+Each test first shows plain wids (``SHAREDFS_DISABLE=1``) failing the way
+webdataset#386 describes -- its ``ULockFile`` cannot lock where flock
 is missing and gives no exclusion once it unlinks its lock file, a killed
 download leaves a truncated shard every later reader trusts, cleanup deletes
 shards being read -- and then the same user code working with sharedfs.
@@ -82,7 +82,7 @@ def test_wids_cache_on_flockless_storage_fails_without_sharedfs_and_works_with(
         (mount.backing / "plain").mkdir()
         plain = run_on_nodes([sys.executable, "-c", READER], {"nodeA": 1, "nodeB": 1}, timeout=120,
                              env=_env(T_URLS=urls, T_CACHE=mount.path / "plain", SHAREDFS_DISABLE="1"))
-        # Plain wids: ULockFile's flock fails on every node (the seed's OSError family).
+        # Plain wids: ULockFile's flock fails on every node (an OSError).
         assert [r.returncode for r in plain] == [1, 1]
         assert all(f"OSError: {message}" in r.stderr for r in plain), [r.stderr[-1500:] for r in plain]
 
