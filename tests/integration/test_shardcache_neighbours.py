@@ -16,8 +16,10 @@ against this checkout and shows it refused:
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,8 +185,16 @@ def test_fifo_planted_as_a_claim_hung_the_reader_and_no_longer_does(site, before
 # node-local root /tmp/sharedfs-<uid> -- without touching this machine's /tmp.
 PRIVATE_TMP = textwrap.dedent("""
     import json, os, subprocess, sys
+    steps, outer, keep = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+    subprocess.run(["mount", "--bind", "/tmp", outer], check=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=64m", "tmpfs", "/tmp"], check=True)
-    steps = json.loads(sys.argv[1])
+    for name in keep:  # what the run itself needs from the real /tmp (a checkout or venv cloned there)
+        source, target = os.path.join(outer, name), os.path.join("/tmp", name)
+        if os.path.isdir(source):
+            os.mkdir(target)
+        else:
+            open(target, "w").close()
+        subprocess.run(["mount", "--bind", source, target], check=True)
     out = []
     for step in steps:
         proc = subprocess.run([sys.executable, "-c", step["code"], *step["args"]], check=False, env=step["env"],
@@ -239,8 +249,18 @@ def test_a_squatted_node_local_root_fails_the_import_instead_of_reading_a_plante
              _step(victim, READ_DEFAULT, [url], {"SHAREDFS_DISABLE": "1"}),  # plain wids
              _step(victim, READ_DEFAULT, [url], before),  # sharedfs before the fix: no SHAREDFS_STRICT, as users run
              _step(victim, READ_DEFAULT, [url], {})]  # this checkout
-    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", PRIVATE_TMP,
-                           json.dumps(steps)], check=False, capture_output=True, text=True, timeout=900, cwd="/")
+    # The steps see a fresh /tmp; whatever of the real one this run needs (its venv, the checkout, sharedfs
+    # as it was, the users' homes, when they live under /tmp) is bound back in.
+    needed = re.findall(r"/tmp/([\w.+-]+)", json.dumps([steps, sys.executable, sys.path]))
+    keep = sorted({name for name in needed if not name.startswith("sharedfs-") and name != "_wids_cache"
+                   and os.path.lexists(os.path.join("/tmp", name))})
+    outer = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", PRIVATE_TMP,
+                               json.dumps(steps), outer, json.dumps(keep)],
+                              check=False, capture_output=True, text=True, timeout=900, cwd="/")
+    finally:
+        os.rmdir(outer)
     if proc.returncode != 0 and "unshare failed" in proc.stderr:
         pytest.skip(f"no private mount namespace here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
