@@ -132,22 +132,23 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
         write_all(fd, data)
         try:
             os.link(temp, path, follow_symlinks=False)
-        except FileExistsError:
-            raise
+            failed: OSError | None = None
         except OSError as exc:
-            # NFS may report a link that was made (a retransmitted request): the link count tells (open(2)).
-            if os.fstat(fd).st_nlink != 2:
-                if exc.errno in _NO_LINK_ERRNOS:
-                    _NO_LINKS.add(directory)
-                    os.unlink(temp)
-                    os.close(fd)
-                    return None
-                raise
-        else:
-            if os.fstat(fd).st_nlink != 2:
-                # Someone swapped our own name for another file between its creation and the link:
-                # what now sits at the marker is theirs, so the lock counts as held (fail closed).
-                raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
+            failed = exc
+        # NFS may report an error for a link that was made (a retransmitted request answered EEXIST):
+        # the link count of the own file tells (open(2)).
+        linked = os.fstat(fd).st_nlink == 2
+        if failed is not None and not linked:
+            if failed.errno in _NO_LINK_ERRNOS:
+                _NO_LINKS.add(directory)
+                os.unlink(temp)
+                os.close(fd)
+                return None
+            raise failed
+        if not linked:
+            # Someone swapped our own name for another file between its creation and the link:
+            # what now sits at the marker is theirs, so the lock counts as held (fail closed).
+            raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
         os.unlink(temp)
     except BaseException:
         _unlink_if_same(temp, os.fstat(fd))
