@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -69,6 +70,14 @@ def make_venv(path: Path, *requirements: str) -> Venv:
     if requirements:
         env.pip("install", *requirements)
     return env
+
+
+@pytest.fixture(autouse=True)
+def _sharedfs_records_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once sharedfs activates in a process it gives its logger a stderr handler and stops propagation
+    (runtime._ensure_handler); in the test process, whichever test activated it first, caplog must
+    still see sharedfs's records."""
+    monkeypatch.setattr(logging.getLogger("sharedfs"), "propagate", True)
 
 
 @pytest.fixture(scope="session")
