@@ -135,9 +135,14 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
             failed: OSError | None = None
         except OSError as exc:
             failed = exc
-        # NFS may report an error for a link that was made (a retransmitted request answered EEXIST):
-        # the link count of the own file tells (open(2)).
-        linked = os.fstat(fd).st_nlink == 2
+        # NFS may report an error for a link that was made (a retransmitted request answered EEXIST),
+        # so whether the marker is ours is asked of the name itself (open(2) checks the link count;
+        # the identity also tells a file swapped in before the link, and needs no fresh link count).
+        try:
+            now, ours = os.lstat(path), os.fstat(fd)
+            linked = (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+        except FileNotFoundError:
+            linked = False
         if failed is not None and not linked:
             if failed.errno in _NO_LINK_ERRNOS:
                 _NO_LINKS.add(directory)
