@@ -29,6 +29,7 @@ from sharedfs.fsinfo import (
     statfs_magic,
 )
 from sharedfs.plugins import filesystem, locking
+from sharedfs.testing.skips import skip_or_fail
 
 
 def _safe(info: FsInfo) -> str | None:
@@ -275,14 +276,14 @@ def _mount(*args: str) -> None:
 def mounter() -> Iterator[object]:
     """Mount as root; unmount everything (innermost first) afterwards."""
     if os.geteuid() != 0:
-        pytest.skip("mounting needs root")
+        skip_or_fail("mounting needs root")
     made: list[str] = []
 
     def mount(*args: str) -> None:
         try:
             _mount(*args)
         except (OSError, subprocess.CalledProcessError) as exc:
-            pytest.skip(f"cannot mount here: {exc}")
+            skip_or_fail(f"cannot mount here: {exc}")
         made.append(args[-1])
         clear_mount_cache()
 

@@ -20,6 +20,7 @@ import pytest
 
 import sharedfs.probe
 from sharedfs.probe import CHECKS, SCHEMA_VERSION, probe
+from sharedfs.testing.skips import skip_or_fail
 
 TOP_KEYS = {"schema", "path", "node", "workdir", "writable", "error", "seconds", "results", "cleanup"}
 RESULT_KEYS = {"ok", "errno", "detail", "timed_out", "seconds"}
@@ -113,13 +114,13 @@ def test_probe_reports_a_missing_directory(tmp_path: Path) -> None:
 
 def test_probe_reports_a_read_only_filesystem(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("mounting needs root")
+        skip_or_fail("mounting needs root")
     try:
         subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(tmp_path)], check=True, capture_output=True
         )
     except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount here: {exc}")
+        skip_or_fail(f"cannot mount here: {exc}")
     try:
         report = probe(tmp_path)
     finally:
@@ -140,7 +141,7 @@ def test_probe_reports_a_directory_without_write_permission(tmp_path: Path) -> N
         # in a process whose capability bounding set lacks it (a uid switch
         # would also lose access to this interpreter under /root).
         if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is needed to drop root's permission override")
+            skip_or_fail("setpriv is needed to drop root's permission override")
         src = str(Path(sharedfs.probe.__file__).resolve().parents[1])
         code = "import json, sys; from sharedfs.probe import probe; print(json.dumps(probe(sys.argv[1])))"
         run = subprocess.run(
@@ -151,7 +152,7 @@ def test_probe_reports_a_directory_without_write_permission(tmp_path: Path) -> N
             env={**os.environ, "PYTHONPATH": src},
         )
         if run.returncode != 0:
-            pytest.skip(f"setpriv could not drop capabilities: {run.stderr.strip()}")
+            skip_or_fail(f"setpriv could not drop capabilities: {run.stderr.strip()}")
         report = json.loads(run.stdout)
     _assert_schema(report)
     assert report["writable"] is False
@@ -165,7 +166,7 @@ def test_probe_reports_a_directory_without_write_permission(tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def fake_flock(tmp_path_factory: pytest.TempPathFactory) -> str:
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the LD_PRELOAD library")
+        skip_or_fail("gcc is needed to build the LD_PRELOAD library")
     build = tmp_path_factory.mktemp("fakeflock")
     (build / "fakeflock.c").write_text(FAKE_FLOCK_C)
     library = build / "libfakeflock.so"

@@ -30,6 +30,7 @@ from shardcache_support import User, group_of_users, scratch, sharedfs_before
 
 from sharedfs.shardcache import key
 from sharedfs.testing.shardserver import make_shards, wait_until
+from sharedfs.testing.skips import skip_or_fail
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")
@@ -242,7 +243,7 @@ def test_a_squatted_node_local_root_fails_the_import_instead_of_reading_a_plante
     import subprocess
 
     if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) for a private /tmp")
+        skip_or_fail("needs unshare (util-linux) for a private /tmp")
     _, victim, attacker = site
     url = "http://127.0.0.1:9/shard-000000.tar"  # never fetched: the planted file is found first
     steps = [_step(attacker, SQUAT, [str(victim.uid), url], {"SHAREDFS_DISABLE": "1"}),
@@ -262,7 +263,7 @@ def test_a_squatted_node_local_root_fails_the_import_instead_of_reading_a_plante
     finally:
         os.rmdir(outer)
     if proc.returncode != 0 and "unshare failed" in proc.stderr:
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()}")
+        skip_or_fail(f"no private mount namespace here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     squat, plain, old, fixed = json.loads(proc.stdout)
     assert squat["code"] == 0, squat["stderr"]
