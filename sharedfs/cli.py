@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from .records import group_name, user_name
 
 DESCRIPTION = """\
 sharedfs makes ML frameworks' locks and caches correct on cluster shared filesystems
@@ -338,7 +339,7 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
     except Exception as exc:  # noqa: BLE001 - e.g. SHAREDFS_SHARED_GROUP names a group this user is not in
         team, error = None, str(exc)
     gid = team.gid if team is not None else top.st_gid
-    group = _group_name(gid)
+    group = group_name(gid)
     acl = teamfiles.default_acl_group(path)
     setgid_mode = team is not None and bool(top.st_mode & st_.S_ISGID)
     owners: dict[int, int] = {}
@@ -379,7 +380,7 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
             look(entry_path, entry)
         if truncated:
             break
-    users = {_user_name(uid): count for uid, count in sorted(owners.items(), key=lambda item: -item[1])}
+    users = {user_name(uid): count for uid, count in sorted(owners.items(), key=lambda item: -item[1])}
     shared = team is not None or len(owners) > 1 or bool(top.st_mode & st_.S_IWGRP)
     if team is None and gid == _private_gid(top.st_uid, pwd):
         group = "<your-team-group>"  # the owner's private group: name the team's group instead
@@ -393,13 +394,13 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
         "group": group,
         "gid": gid,
         "setgid": bool(top.st_mode & st_.S_ISGID),
-        "default_acl_group": _group_name(acl) if acl is not None else None,
+        "default_acl_group": group_name(acl) if acl is not None else None,
         "shared": shared,
         "scanned": scanned + 1,
         "truncated": truncated,
         "owners": users,
         "problems": counts,
-        "examples": {name: [{"path": p, "owner": _user_name(uid), "mode": f"{mode:o}"}
+        "examples": {name: [{"path": p, "owner": user_name(uid), "mode": f"{mode:o}"}
                             for p, uid, mode in found[:TEAM_EXAMPLES]]
                      for name, found in problems.items() if found and counts[name]},
         "fix": _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None, team is not None,
@@ -412,24 +413,6 @@ def _private_gid(uid: int, pwd: Any) -> int | None:
         return int(pwd.getpwuid(uid).pw_gid)
     except KeyError:
         return None
-
-
-def _group_name(gid: int) -> str:
-    import grp
-
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _team_fix(path: str, group: str, counts: dict[str, int], setgid: bool, acl: bool, team: bool,

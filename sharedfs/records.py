@@ -224,3 +224,23 @@ _SCHEMA = {
     "slurm_node": _optional_text,
     "lease_seconds": lambda v: v is None or (_seconds(v) and 0 < v <= 86400),
 }
+
+
+def user_name(uid: int) -> str:
+    """The login name of ``uid`` for messages, or the number when the user database has none."""
+    import pwd  # only messages about other users' files need it
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The name of group ``gid`` for messages, or the number when the group database has none."""
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

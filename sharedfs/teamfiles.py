@@ -65,6 +65,7 @@ import time
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
+from .records import group_name
 from .safefile import NOFOLLOW
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -217,20 +218,11 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> 
         from .log import decision
 
         decision(f"team cache {absolute}: what this process creates there becomes group "
-                 f"{_group_name(team.gid)}'s ({team.reason})")
+                 f"{group_name(team.gid)}'s ({team.reason})")
     elif absolute != real and absolute not in WATCHED._spellings:
         WATCHED.spell(absolute, real)
     give(absolute)
     return team
-
-
-def _group_name(gid: int) -> str:
-    import grp
-
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 # -- the recorder ------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from .. import oslocks
 from .._policy import LockChoice, Policy, TeamCache
-from ..records import HolderRecord
+from ..records import HolderRecord, user_name
 from ..safefile import NOFOLLOW
 from . import _marker
 
@@ -176,12 +176,8 @@ def _break_if_dead(target: Target, native_held: bool,
 
 
 def _user(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
+    name = user_name(uid)
+    return f"{name} (uid {uid})" if name != str(uid) else f"uid {uid}"
 
 
 def drop_marker(hold: Hold, target: Target) -> None:
