@@ -48,6 +48,16 @@ TARGETS = {
     "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
 }
 
+#: Modules where a shim only replaces the lock class the framework builds its locks from:
+#: module -> (shim name, class attribute).  On import the class gets a stand-in
+#: (:mod:`sharedfs.standin`, stdlib only) and sharedfs itself -- pluggy, the plugins, the
+#: policy -- loads on the first lock, not at the import (a quarter of `from huggingface_hub
+#: import hf_hub_download`).  Any SHAREDFS_DISABLE value takes the eager path instead.
+STAND_INS = {
+    "huggingface_hub.utils._fixes": ("huggingface_hub", "FileLock"),
+    "huggingface_hub.utils._shared_blobs": ("huggingface_hub", "FileLock"),  # hub 2.x xet blob store
+}
+
 #: The module names watched while installed (the table's, plus third-party shims' targets).
 _targets = set()  # type: set[str]
 #: Names whose real spec is being looked up right now: :func:`find_spec` asks the other
@@ -57,6 +67,8 @@ _busy = set()  # type: set[str]
 #: (:func:`find_spec` below).  A finder class would cost every interpreter its creation at
 #: start-up and its teardown at exit, about as much as importing this module.
 _finder = None
+#: True while a stand-in activates its shim: imports made meanwhile take the eager path.
+_resolving = False
 
 
 def disabled_entirely(environ=None):
@@ -87,6 +99,7 @@ def install_finder(respect_disable=True):
     if _finder is not None or (respect_disable and disabled_entirely()):
         return
     _targets.update(TARGETS.values())
+    _targets.update(STAND_INS)
     _finder = sys.modules[__name__]
     sys.meta_path.insert(0, _finder)
     # A target imported before us (another .pth, or sharedfs.enable() at run time)
@@ -120,17 +133,60 @@ def add_targets(module_names):
 
 
 def _activate(module_name):
-    # Imported here, not at the top: this is where pluggy, importlib.metadata and
-    # the policy get loaded, and only once a target framework is really in use.
-    from sharedfs.activation import activate
+    stand_in = STAND_INS.get(module_name)
+    if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
+        return
+    # The collector is held off while the kernel loads: its few thousand objects live as long as
+    # the process, and in a heap the framework just filled (torch: a million objects) they tip a
+    # full collection that was pending anyway -- 100 ms inside the user's import statement that
+    # the program otherwise pays at its next allocations.  Deferred, not skipped.
+    import gc
 
-    known = activate(module_name)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        # Imported here, not at the top: this is where pluggy, importlib.metadata and
+        # the policy get loaded, and only once a target framework is really in use.
+        from sharedfs.activation import activate
+
+        # Only the built-in shims for this module are imported (a shim's module: its name's first part).
+        known = activate(module_name, {name.partition(".")[0] for name, target in TARGETS.items()
+                                       if target == module_name})
+    finally:
+        if paused:
+            gc.enable()
     # Third-party shims (from entry points) may target modules the static table lacks.
     new = known - _targets if _finder is not None else set()
     add_targets(new)
     for name in sorted(new):
         if name in sys.modules:
             _activate(name)
+
+
+def _stand_in(module_name, shim, attr):
+    from os import environ
+
+    if DISABLE in environ:  # any value: let the policy read it (a shim list, or a malformed value)
+        return False
+    from sharedfs.standin import install
+
+    return install(sys.modules[module_name], attr, shim, lambda: _activate_for(shim))
+
+
+def _activate_for(shim):
+    """Activate ``shim`` now (a stand-in's first use): import its target if need be, eagerly."""
+    global _resolving
+    target = TARGETS[shim]
+    _resolving = True
+    try:
+        if target in sys.modules:
+            _activate(target)
+        else:
+            __import__(target)  # the finder's hook activates it once it has executed
+            if _finder is None:  # sharedfs.disable() meanwhile: not watching, so activate by hand
+                _activate(target)
+    finally:
+        _resolving = False
 
 
 def find_spec(fullname, path, target=None):

@@ -72,7 +72,8 @@ IMPORT = textwrap.dedent("""
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     out = {"wall": wall * 1e3, "cpu": cpu * 1e3}
     if activate:  # imported with SHAREDFS_DISABLE=1: now let sharedfs do what its import hook would have done
-        import _sharedfs_bootstrap
+        import os, _sharedfs_bootstrap
+        os.environ.pop("SHAREDFS_DISABLE", None)  # the hook's own path (stand-ins included), not the eager one
         w, c = time.perf_counter(), time.process_time()
         _sharedfs_bootstrap.install_finder(respect_disable=False)
         out["activation_wall"], out["activation_cpu"] = (time.perf_counter() - w) * 1e3, (time.process_time() - c) * 1e3

@@ -19,9 +19,9 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
-from . import choices, distinfo, runtime
+from . import choices, distinfo, runtime, standin
 from ._policy import CachePlacement, Policy
 from .errors import SharedFSError
 from .hookspecs import NAME
@@ -48,10 +48,17 @@ _states: dict[str, ShimState] | None = None
 
 def shim_states() -> dict[str, ShimState]:
     """Every registered shim (built-in and third-party), by name."""
+    return _states_with(None)
+
+
+def _states_with(modules: Iterable[str] | None) -> dict[str, ShimState]:
+    """The shims known so far, after loading the built-in shim ``modules`` (None: all of them)."""
     global _states
     with _lock:
         if _states is None:
-            _states = {shim.name: ShimState(shim) for shim in runtime.registry().shims()}
+            _states = {}
+        for shim in runtime.registry().shims(modules):
+            _states.setdefault(shim.name, ShimState(shim))
         return _states
 
 
@@ -60,10 +67,14 @@ def targets() -> set[str]:
     return {state.shim.target for state in shim_states().values()}
 
 
-def activate(target: str) -> set[str]:
-    """Apply every shim that targets ``target`` (just imported); returns :func:`targets`."""
+def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:
+    """Apply every shim that targets ``target`` (just imported); returns the targets known now.
+
+    ``builtin`` names the built-in shim modules with a shim for ``target`` (the bootstrap's
+    table); only those are imported, with every third-party shim.  None loads them all.
+    """
     try:
-        states = shim_states()
+        states = _states_with(builtin)
         current = runtime.policy()
     except SharedFSError:
         raise  # a malformed setting is the user's intent, not our bug: say so loudly
@@ -73,14 +84,26 @@ def activate(target: str) -> set[str]:
         report_internal_error(f"start-up on import of {target}", exc)
         return set()
     with _lock:
-        for state in states.values():
+        for state in list(states.values()):
             if state.shim.target == target:
                 apply(state, current)
-    return targets()
+        return {state.shim.target for state in states.values()}
 
 
 def apply(state: ShimState, current: Policy) -> None:
     """Patch one shim's (imported) target under ``current``, unless disabled, unsupported or broken."""
+    # Stand-ins waiting for this shim's first lock stop waiting: the shim replaces them now, or,
+    # if it stays off, they give way to the framework's class; a refused patch keeps them waiting.
+    waiting = standin.withdraw(state.shim.name)
+    try:
+        _apply(state, current)
+    except BaseException:
+        standin.reinstate(waiting)
+        raise
+    standin.settle(waiting)
+
+
+def _apply(state: ShimState, current: Policy) -> None:
     shim = state.shim
     if current.shim_disabled(shim.name) or state.error is not None or not version_supported(state):
         return
@@ -104,7 +127,7 @@ def apply(state: ShimState, current: Policy) -> None:
 def reapply(current: Policy) -> None:
     """Re-apply every applied shim under a new policy (:func:`sharedfs.configure`)."""
     with _lock:
-        for state in shim_states().values():
+        for state in (_states or {}).values():  # a shim never loaded was never applied
             if state.shim.applied:
                 apply(state, current)
 

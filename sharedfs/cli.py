@@ -113,7 +113,7 @@ def status_report() -> dict[str, Any]:
 
     import _sharedfs_bootstrap as _bootstrap
 
-    from . import activation, runtime
+    from . import activation, runtime, standin
     from .errors import ConfigError
     from .nodelocal import root_of
 
@@ -138,6 +138,7 @@ def status_report() -> dict[str, Any]:
     report["node_local_root"] = {"path": root.path, "origin": root.origin} if root else None
     shims = []
     caches = []
+    waiting = standin.waiting()  # taken first: loading every shim below does not activate them
     for name, state in sorted(activation.shim_states().items()):
         shim = state.shim
         supported = activation.version_supported(state)  # the one version gate, as on import
@@ -153,6 +154,7 @@ def status_report() -> dict[str, Any]:
             "supported": supported if installed else None,
             "enabled": current is not None and not current.shim_disabled(name),
             "applied": shim.applied,
+            "waiting_for_first_lock": name in waiting,
             "patches": shim.patcher.changes(),
             "error": state.error,
         })
@@ -199,6 +201,8 @@ def _shim_state(shim: dict[str, Any]) -> str:
         return f"OFF: {shim['installed']} is outside {shim['supported_versions']}"
     if shim["applied"]:
         return "applied: " + ", ".join(shim["patches"])
+    if shim.get("waiting_for_first_lock"):
+        return "applies on its first lock (a stand-in holds the lock class's place until then)"
     return f"applies on `import {shim['target']}`"
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import _sharedfs_bootstrap as _bootstrap
 
-from . import activation
+from . import activation, standin
 
 
 def disable() -> None:
     """Undo every patch and stop watching imports, for the rest of this process."""
     _bootstrap.uninstall()
+    standin.withdraw_all()
     activation.unpatch_all()
 
 

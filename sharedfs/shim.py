@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
 from ._policy import CachePlacement, Policy
+from .standin import unwrap
 
 _MISSING = object()
 
@@ -32,6 +33,7 @@ class Patcher:
         # Remember the object's *own* value: an inherited attribute is restored by deletion.
         own = getattr(obj, "__dict__", None)
         old = own.get(name, _MISSING) if own is not None else getattr(obj, name, _MISSING)
+        old = unwrap(old)  # a stand-in (sharedfs's, waiting for this patch): restoring gives the original
         self._undo.append(("attr", obj, name, old))
         setattr(obj, name, value)
 

@@ -43,6 +43,7 @@ from .._policy import LockChoice, Policy
 from ..errors import ConfigError, LockTimeout
 from ..log import decision
 from ..settings import LOCK_KINDS
+from ..standin import unwrap
 from . import _marker
 from ._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 
@@ -329,6 +330,7 @@ def drop_in(original: type, policy: Policy, owner: str = __name__) -> type:
     (the shim's module) becomes the class's ``__module__``, so ``sharedfs status``, a
     traceback or a debugger shows who replaced the class.
     """
+    original = unwrap(original)  # a stand-in waiting for this activation: wrap what it stands for
     per_policy = _drop_ins.setdefault(original, {})
     made = per_policy.get(policy)
     if made is None:

@@ -221,18 +221,25 @@ def test_lustre_noflock_downloads_never_hang_on_leftover_or_killed_holders_lock(
 def test_disable_leaves_the_hub_untouched_and_the_shim_replaces_only_the_lock_class(tmp_path: Path) -> None:
     # The hub's own WeakFileLock keeps running everywhere it is bound (its timeout loop, its
     # "Still waiting" lines, its weak release); only the FileLock class it builds is sharedfs's.
-    code = ("import json, filelock, huggingface_hub.file_download as fd, huggingface_hub.utils as u, "
+    # Until the first lock, the class is a stand-in and sharedfs's kernel (pluggy, plugins, policy)
+    # is not loaded: the import costs what the hub's own does.  The first lock is built by the shim's class.
+    code = ("import json, sys, filelock, huggingface_hub.file_download as fd, huggingface_hub.utils as u, "
             "huggingface_hub.utils._fixes as f, huggingface_hub._local_folder as lf;"
-            "print(json.dumps([m.WeakFileLock.__module__ for m in (fd, u, f, lf)] + "
-            "[f.FileLock.__module__, issubclass(f.FileLock, filelock.FileLock)]))")
+            "at_import = [f.FileLock.__module__, 'pluggy' in sys.modules];"
+            "lock = f.FileLock(sys.argv[1]);"
+            "print(json.dumps([m.WeakFileLock.__module__ for m in (fd, u, f, lf)] + at_import + "
+            "[type(lock).__module__, f.FileLock.__module__, issubclass(f.FileLock, filelock.FileLock)]))")
 
     def bindings(**env: str) -> list[str]:
-        proc = subprocess.run([sys.executable, "-c", code], env=clean_env({"HF_HOME": str(tmp_path), **env}),
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.lock")], env=clean_env({"HF_HOME": str(tmp_path), **env}),
                               capture_output=True, text=True, cwd="/")
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
     upstream = ["huggingface_hub.utils._fixes"] * 4
-    assert bindings() == upstream + ["sharedfs.shims.huggingface_hub", True]
-    assert bindings(SHAREDFS_DISABLE="huggingface_hub") == upstream + ["filelock._unix", True]
-    assert bindings(SHAREDFS_DISABLE="1") == upstream + ["filelock._unix", True]
+    shim = "sharedfs.shims.huggingface_hub"
+    assert bindings() == upstream + ["sharedfs.standin", False, shim, shim, True]
+    # A shim list in SHAREDFS_DISABLE is the policy's to read: sharedfs loads (eagerly) and leaves the hub alone.
+    stock = ["filelock._unix", "filelock._unix", "filelock._unix", True]
+    assert bindings(SHAREDFS_DISABLE="huggingface_hub") == upstream + stock[:1] + [True] + stock[1:]
+    assert bindings(SHAREDFS_DISABLE="1") == upstream + stock[:1] + [False] + stock[1:]

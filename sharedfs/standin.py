@@ -1,0 +1,165 @@
+"""Stand-ins: a framework's lock class replaced at import by a class that activates sharedfs on first use.
+
+A shim whose only job at import is to replace the lock class a framework builds
+its locks from (the hub's ``huggingface_hub.utils._fixes.FileLock``) does not need
+the policy, the plugins or pluggy until the framework takes its first lock; a
+program that imports ``hf_hub_download`` and never downloads should not pay for
+them (about 40 ms, a quarter of that import).  So the bootstrap puts a stand-in
+in the class's place -- a subclass of the original, built here from the standard
+library alone -- and the first call of the stand-in:
+
+1. activates sharedfs for that shim (the same path an eager import takes:
+   version gate, policy, the shim's ``apply``, which wraps the framework's own
+   class: :func:`unwrap`),
+2. puts the original back if the shim stayed off (disabled, unsupported, an
+   internal error) -- the module goes from stand-in to replacement or original
+   directly, so a thread that reads the class meanwhile gets the stand-in and
+   waits for the activation, never the unpatched class -- and
+3. builds the lock from whatever class the module holds now.
+
+A refused activation (a malformed setting, an unsafe directory) raises out of the
+framework's lock construction and puts the stand-in back, so every later lock
+raises too: failing closed, never falling back to the unpatched class.  Only the
+standard library is imported here: this module loads at the framework's import.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import Any, Callable
+
+_lock = threading.RLock()
+#: The class attribute naming where a stand-in stands: (module, attribute name).
+HOME = "_sharedfs_stands_in_for"
+
+
+class _Entry:
+    __slots__ = ("module", "attr", "shim", "original", "standin", "activate")
+
+    def __init__(self, module: ModuleType, attr: str, shim: str, original: type, standin: type,
+                 activate: Callable[[], object]) -> None:
+        self.module, self.attr, self.shim = module, attr, shim
+        self.original, self.standin, self.activate = original, standin, activate
+
+
+#: (module name, attribute) -> the stand-in in place there now.
+_pending: dict[tuple[str, str], _Entry] = {}
+#: One metaclass per metaclass of the classes stood in for (filelock 3: ABCMeta; 4: FileLockMeta).
+_metas: dict[type, type] = {}
+
+
+def install(module: ModuleType, attr: str, shim: str, activate: Callable[[], object]) -> bool:
+    """Put a stand-in for ``module.attr`` (a class) in its place; ``activate`` runs on its first call.
+
+    Returns False, changing nothing, when ``module.attr`` is not a class (the shim
+    then finds out for itself when it is activated).
+    """
+    original = getattr(module, attr, None)
+    if not isinstance(original, type):
+        return False
+    with _lock:
+        key = (module.__name__, attr)
+        if key in _pending:
+            return True
+        standin = _meta(type(original))(original.__name__, (original,), {
+            "__module__": __name__,
+            "__qualname__": original.__qualname__,
+            "__doc__": original.__doc__,
+            HOME: (module, attr),
+        })
+        _pending[key] = _Entry(module, attr, shim, original, standin, activate)
+        setattr(module, attr, standin)
+    return True
+
+
+def unwrap(cls: Any) -> Any:
+    """The class a stand-in stands for (its one base); anything else unchanged.
+
+    A shim wraps ``module.FileLock`` while the stand-in is still in that place (so that
+    no other thread can ever read the unpatched class there); :func:`sharedfs.locks.drop_in`
+    and the shim's patch record unwrap it, so the replacement derives from the framework's
+    own class and ``unpatch`` restores that class.
+    """
+    if isinstance(cls, type) and HOME in cls.__dict__:
+        return cls.__bases__[0]
+    return cls
+
+
+def withdraw(shim: str) -> list[_Entry]:
+    """Stop ``shim``'s stand-ins from activating (it is being activated); what was withdrawn.
+
+    The stand-ins stay in place until :func:`settle`: the shim replaces them, or settle
+    puts the original back, so the module never holds the unpatched class meanwhile.
+    """
+    with _lock:
+        gone = [entry for entry in _pending.values() if entry.shim == shim]
+        for entry in gone:
+            del _pending[(entry.module.__name__, entry.attr)]
+        return gone
+
+
+def settle(entries: list[_Entry]) -> None:
+    """After an activation: a stand-in the shim did not replace (it stays off) gives way to the original."""
+    with _lock:
+        for entry in entries:
+            if getattr(entry.module, entry.attr, None) is entry.standin:
+                setattr(entry.module, entry.attr, entry.original)
+
+
+def reinstate(entries: list[_Entry]) -> None:
+    """After a refused activation: the stand-ins activate again on their next call (failing closed)."""
+    with _lock:
+        for entry in entries:
+            if getattr(entry.module, entry.attr, None) in (entry.original, entry.standin):
+                setattr(entry.module, entry.attr, entry.standin)
+                _pending[(entry.module.__name__, entry.attr)] = entry
+
+
+def withdraw_all() -> None:
+    """Put back every original (``sharedfs.disable()``)."""
+    with _lock:
+        for shim in {entry.shim for entry in _pending.values()}:
+            settle(withdraw(shim))
+
+
+def waiting() -> set[str]:
+    """The shims whose stand-ins wait for their first use (``sharedfs status``)."""
+    with _lock:
+        return {entry.shim for entry in _pending.values()}
+
+
+def _resolve(standin: type) -> None:
+    with _lock:
+        entry = next((e for e in _pending.values() if e.standin is standin), None)
+        if entry is None:  # activated already (another thread, another stand-in of the shim, or enable())
+            return
+        entries = withdraw(entry.shim)
+        try:
+            entry.activate()
+        except BaseException:
+            reinstate(entries)  # the next lock must fail the same way, never get the unpatched class
+            raise
+        settle(entries)
+
+
+def _meta(base: type) -> type:
+    """A metaclass deriving from ``base`` whose ``__call__`` (the lock's construction) activates first."""
+    meta = _metas.get(base)
+    if meta is None:
+
+        def __call__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            home = cls.__dict__.get(HOME)
+            if home is None:  # a subclass of a stand-in: activate, then build it as its own bases say
+                _resolve(next(k for k in cls.__mro__ if HOME in k.__dict__))
+                return base.__call__(cls, *args, **kwargs)  # type: ignore[arg-type]
+            _resolve(cls)
+            module, attr = home
+            built = getattr(module, attr, cls)
+            if built is cls:  # never the case after _resolve; never recurse if it were
+                return base.__call__(cls, *args, **kwargs)  # type: ignore[arg-type]
+            return built(*args, **kwargs)
+
+        meta = type(f"StandIn{base.__name__}", (base,), {"__call__": __call__, "__module__": __name__})
+        _metas[base] = meta
+    return meta
