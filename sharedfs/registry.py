@@ -87,7 +87,8 @@ class Registry:
         for ep in group:
             dist = getattr(ep, "dist", None)
             meta = (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")
-            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name):
+            # A built-in shim's name stays the built-in's, registered or not yet (see :meth:`shims`).
+            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name) or ep.name in BUILTIN_SHIMS:
                 continue
             try:
                 self.pm.register(ep.load(), name=ep.name)

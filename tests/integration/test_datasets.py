@@ -478,11 +478,15 @@ def test_disable_datasets_leaves_datasets_untouched(tmp_path: Path) -> None:
 def test_old_stack_gets_both_shims(old_stack_venv: Venv) -> None:
     """datasets 3.6 / huggingface_hub 0.36: both shims apply (status reads installed metadata)."""
     shims = {s["name"]: s for s in old_stack_venv.status()["shims"]}
+    # The hub's shim applies on its first lock (a stand-in until then): take one.
     code = textwrap.dedent("""
-        import json, datasets, datasets.builder as b, huggingface_hub.file_download as fd, sharedfs.activation as a
-        print(json.dumps({k: [v.installed_version, v.supported, v.error] for k, v in a.shim_states().items()}))
+        import json, os, tempfile, datasets, datasets.builder as b, huggingface_hub.file_download as fd
+        import huggingface_hub.utils._fixes as f, sharedfs.activation as a
+        f.FileLock(os.path.join(tempfile.mkdtemp(), "a.lock"))
+        print(json.dumps({k: [v.installed_version, v.supported, v.error, v.shim.applied]
+                          for k, v in a.shim_states().items()}))
     """)
     states = json.loads(old_stack_venv.run(code).stdout)
-    assert states["datasets"] == ["3.6.0", True, None]
-    assert states["huggingface_hub"] == ["0.36.0", True, None]
+    assert states["datasets"] == ["3.6.0", True, None, True]
+    assert states["huggingface_hub"] == ["0.36.0", True, None, True]
     assert set(shims) >= {"datasets", "huggingface_hub"}
