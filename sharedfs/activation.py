@@ -96,20 +96,20 @@ def apply(state: ShimState, current: Policy) -> None:
     # if it stays off, they give way to the framework's class; a refused patch keeps them waiting.
     waiting = standin.withdraw(state.shim.name)
     try:
-        _apply(state, current)
+        _apply(state, current, late=bool(waiting))
     except BaseException:
         standin.reinstate(waiting)
         raise
     standin.settle(waiting)
 
 
-def _apply(state: ShimState, current: Policy) -> None:
+def _apply(state: ShimState, current: Policy, late: bool) -> None:
     shim = state.shim
     if current.shim_disabled(shim.name) or state.error is not None or not version_supported(state):
         return
     placement = choices.cache_placement(shim, current)  # may raise UnsafeDirectoryError: fail closed
     try:
-        shim.patch(current, ShimContext(cache=placement))
+        shim.patch(current, ShimContext(cache=placement, late=late))
     except SharedFSError:
         raise
     except Exception as exc:  # noqa: BLE001 - never break the user's import by our own bug

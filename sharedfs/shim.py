@@ -73,6 +73,10 @@ class ShimContext:
     """
 
     cache: CachePlacement | None = None
+    #: True when the shim is applied at its framework's first lock (a stand-in's first call,
+    #: :mod:`sharedfs.standin`) rather than at its import: what the framework made before then
+    #: (the directories around that first lock) was made while sharedfs was not watching.
+    late: bool = False
 
 
 class Shim:

@@ -134,13 +134,12 @@ def _resolve(standin: type) -> None:
         entry = next((e for e in _pending.values() if e.standin is standin), None)
         if entry is None:  # activated already (another thread, another stand-in of the shim, or enable())
             return
-        entries = withdraw(entry.shim)
-        try:
-            entry.activate()
-        except BaseException:
-            reinstate(entries)  # the next lock must fail the same way, never get the unpatched class
-            raise
-        settle(entries)
+        # Applying the shim withdraws its stand-ins and replaces them (activation.apply); a refused
+        # activation raises and leaves them waiting, so the next lock fails the same way and never
+        # gets the unpatched class.
+        entry.activate()
+        # Still waiting: the shim was never applied (blocked, or start-up failed and was reported).
+        settle(withdraw(entry.shim))
 
 
 def _meta(base: type) -> type:

@@ -62,7 +62,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from .records import group_name
@@ -448,15 +448,24 @@ class SettlingLockMixin:
 
     #: Finds the team cache a lock file belongs to (the hub: the parent of ``.locks``), or None.
     _sharedfs_team_root: Callable[[str], str | None] | None = None
+    #: Set when sharedfs started watching at the framework's first lock (a stand-in): the directories
+    #: the framework made for that lock before then, given to the group once (see :func:`settling`).
+    _sharedfs_catch_up: Callable[[str], Iterable[str]] | None = None
 
     def _acquire(self) -> None:
-        finder = type(self)._sharedfs_team_root
+        cls = type(self)
+        finder = cls._sharedfs_team_root
         if finder is not None and not self.__dict__.get("_sharedfs_watched"):
             self.__dict__["_sharedfs_watched"] = True
             root = finder(os.path.abspath(self.lock_file))  # type: ignore[attr-defined]
             policy = getattr(self, "_sharedfs_policy", None)
             if root is not None and policy is not None:
                 watch(root, policy)
+        if cls.__dict__.get("_sharedfs_catch_up") is not None:
+            catch_up = cls._sharedfs_catch_up  # the function (a staticmethod in the class)
+            cls._sharedfs_catch_up = None  # once per class: later creations are recorded as they happen
+            for top in catch_up(os.path.abspath(self.lock_file)):  # type: ignore[attr-defined,misc]
+                give_tree(top)  # only inside a watched team cache; nothing elsewhere
         settle_pending()
         super()._acquire()  # type: ignore[misc]
 
@@ -465,10 +474,18 @@ class SettlingLockMixin:
         super()._release()  # type: ignore[misc]
 
 
-def settling(cls: type, team_root: Callable[[str], str | None] | None = None) -> type:
-    """``cls`` (a lock class) with :class:`SettlingLockMixin` in front; same name, module and documentation."""
+def settling(cls: type, team_root: Callable[[str], str | None] | None = None,
+             catch_up: Callable[[str], Iterable[str]] | None = None) -> type:
+    """``cls`` (a lock class) with :class:`SettlingLockMixin` in front; same name, module and documentation.
+
+    ``catch_up`` (for a shim applied late, at the framework's first lock) names, from that
+    first lock file, the directories the framework made for it while sharedfs was not yet
+    watching; what this user made there is given to the group once, before the lock is tried.
+    """
     namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                                  "__doc__": cls.__doc__}
     if team_root is not None:
         namespace["_sharedfs_team_root"] = staticmethod(team_root)
+    if catch_up is not None:
+        namespace["_sharedfs_catch_up"] = staticmethod(catch_up)
     return type(cls.__name__, (SettlingLockMixin, cls), namespace)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import os
 from importlib import import_module
 from types import ModuleType
+from typing import Callable
 
 from sharedfs import teamfiles
 from sharedfs._policy import Policy
@@ -68,7 +69,10 @@ class HuggingFaceHubShim(Shim):
     supported = ">=0.22,<3"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        self.patcher.setattr(module, "FileLock", _settling(drop_in(module.FileLock, policy, __name__)))
+        # Applied at the first lock (the usual case: a stand-in waited for it), the hub has already made
+        # that download's directories unwatched: they are given to the group once, before the lock.
+        catch_up = _made_for_download if context.late else None
+        self.patcher.setattr(module, "FileLock", _settling(drop_in(module.FileLock, policy, __name__), catch_up))
         constants = import_module("huggingface_hub.constants")  # _fixes imported it already
         teamfiles.watch(constants.HF_HUB_CACHE, policy, self.patcher)
         try:
@@ -76,7 +80,7 @@ class HuggingFaceHubShim(Shim):
         except ImportError:
             return  # hub < 2: no shared blob store
         if hasattr(blobs, "FileLock"):
-            self.patcher.setattr(blobs, "FileLock", _settling(drop_in(blobs.FileLock, policy, __name__)))
+            self.patcher.setattr(blobs, "FileLock", _settling(drop_in(blobs.FileLock, policy, __name__), catch_up))
 
 
 def _cache_of(lock_file: str) -> str | None:
@@ -85,8 +89,19 @@ def _cache_of(lock_file: str) -> str | None:
     return head if sep else None
 
 
-def _settling(cls: type) -> type:
-    return teamfiles.settling(cls, team_root=_cache_of)
+def _made_for_download(lock_file: str) -> list[str]:
+    """What the hub makes before a download's lock: ``.locks/<repo>/``, the repo's folder (``refs/``,
+    ``blobs/``, ``snapshots/<commit>/``) and the cache's ``CACHEDIR.TAG`` (hub 1.x and later); given to
+    the group only inside a watched team cache."""
+    head, sep, rest = lock_file.rpartition(f"{os.sep}.locks{os.sep}")
+    if not sep:
+        return []
+    return [os.path.join(head, ".locks"), os.path.join(head, rest.partition(os.sep)[0]),
+            os.path.join(head, "CACHEDIR.TAG")]
+
+
+def _settling(cls: type, catch_up: Callable[[str], list[str]] | None = None) -> type:
+    return teamfiles.settling(cls, team_root=_cache_of, catch_up=catch_up)
 
 
 @hookimpl
