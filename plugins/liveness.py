@@ -14,10 +14,13 @@ system calls.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
-from sharedfs.records import HolderRecord, process_start_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sharedfs.records import HolderRecord
 
 
 @hookimpl(tryfirst=True)
@@ -30,6 +33,8 @@ def sharedfs_holder_alive(record: HolderRecord, policy: Policy) -> bool | None:
         return False
     except PermissionError:
         pass  # exists, owned by another user
+    from sharedfs.records import process_start_time  # loaded by the lock that asks, not at activation
+
     started = process_start_time(record.pid)
     if record.start_time and started and started != record.start_time:
         return False  # the pid was reused by a new process: the holder is gone
