@@ -15,6 +15,7 @@ import os
 import stat
 
 from sharedfs._policy import CachePlacement, CacheRequest, Policy
+from sharedfs.dirs import node_local_dir
 from sharedfs.hookspecs import hookimpl
 
 
@@ -30,19 +31,12 @@ def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlac
         writable_by_all = _writable_by_everyone(request.default)
         if writable_by_all is None:
             return CachePlacement(None, f"{request.framework}'s own default kept (cache=auto)")
-        where = _node_local(request, policy)
+        where = str(node_local_dir(request.framework, policy=policy, create=request.create))
         return CachePlacement(where, f"the default {request.default} is in {writable_by_all}, which every user of "
                                      "this node can write (another user could create it first); using a private "
                                      "node-local directory (cache=auto)")
-    where = _node_local(request, policy)
+    where = str(node_local_dir(request.framework, policy=policy, create=request.create))
     return CachePlacement(where, f"node-local ({policy.source('cache')})")
-
-
-def _node_local(request: CacheRequest, policy: Policy) -> str:
-    # Imported here: directories, job cleanup and holder records load only when a cache really moves.
-    from sharedfs.dirs import node_local_dir
-
-    return str(node_local_dir(request.framework, policy=policy, create=request.create))
 
 
 def _writable_by_everyone(default: str | None) -> str | None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from sharedfs.hookspecs import hookimpl
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sharedfs.identity import ProcessIdentity
+from sharedfs.identity import ProcessIdentity
 
 
 def _int(environ: Mapping[str, str], name: str) -> int | None:
@@ -20,8 +18,6 @@ def _int(environ: Mapping[str, str], name: str) -> int | None:
 
 @hookimpl(tryfirst=True)  # an initialised process group or torchrun knows better than Slurm
 def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | None:
-    from sharedfs.identity import ProcessIdentity  # asked by a lock or a collective, not at activation
-
     # Only look at torch if the program already imported it: importing torch costs seconds.
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

@@ -14,13 +14,10 @@ system calls.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sharedfs.records import HolderRecord
+from sharedfs.records import HolderRecord, process_start_time
 
 
 @hookimpl(tryfirst=True)
@@ -33,8 +30,6 @@ def sharedfs_holder_alive(record: HolderRecord, policy: Policy) -> bool | None:
         return False
     except PermissionError:
         pass  # exists, owned by another user
-    from sharedfs.records import process_start_time  # loaded by the lock that asks, not at activation
-
     started = process_start_time(record.pid)
     if record.start_time and started and started != record.start_time:
         return False  # the pid was reused by a new process: the holder is gone

@@ -55,16 +55,14 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sharedfs._policy import Layer, Policy
 from sharedfs.hookspecs import hookimpl
+from sharedfs.identity import ProcessIdentity
 from sharedfs.publish import publish
+from sharedfs.records import HolderRecord
 from sharedfs.safefile import NOFOLLOW, read_untrusted
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sharedfs.identity import ProcessIdentity
-    from sharedfs.records import HolderRecord
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -92,8 +90,6 @@ def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | N
         local_world = int(per_node.split("(")[0].split(",")[0])
     except ValueError:
         local_world = 1
-    from sharedfs.identity import ProcessIdentity  # asked by a lock or a collective, not at activation
-
     return ProcessIdentity(rank, world, local_rank, local_world, node_id=environ.get("SLURMD_NODENAME", ""),
                            source="slurm")
 

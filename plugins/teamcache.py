@@ -36,6 +36,7 @@ import stat
 from sharedfs._policy import Policy, TeamCache
 from sharedfs.errors import ConfigError
 from sharedfs.hookspecs import hookimpl
+from sharedfs.records import group_name
 from sharedfs.teamfiles import default_acl_group
 
 #: The group may enter and list a directory: it is not private on purpose.
@@ -79,10 +80,10 @@ def _team_here(directory: str, st: os.stat_result, others: int) -> TeamCache | N
     if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IWGRP:
         mode = stat.S_IMODE(st.st_mode)
         return TeamCache(st.st_gid, 0o660 | others,
-                         f"{directory} is setgid and writable by group {_group_name(st.st_gid)} (mode {mode:o})")
+                         f"{directory} is setgid and writable by group {group_name(st.st_gid)} (mode {mode:o})")
     gid = default_acl_group(directory)
     if gid is not None:
-        return TeamCache(gid, 0o660 | others, f"the default ACL of {directory} lets group {_group_name(gid)} write")
+        return TeamCache(gid, 0o660 | others, f"the default ACL of {directory} lets group {group_name(gid)} write")
     return None
 
 
@@ -95,9 +96,3 @@ def _gid(group: str, origin: str) -> int:
         raise ConfigError(origin, group, "a group you are a member of (id -Gn)",
                           "sharedfs cannot give files to a group you are not in")
     return gid
-
-
-def _group_name(gid: int) -> str:
-    from sharedfs.records import group_name  # the holder records load with the first lock, not at activation
-
-    return group_name(gid)

@@ -43,11 +43,3 @@ def try_lock(fd: int, kind: str) -> tuple[str, str | None]:
 
 def errno_name(exc: OSError) -> str | None:
     return errno.errorcode.get(exc.errno) if exc.errno else None
-
-
-class NativeLockRefused(OSError):
-    """The filesystem refused a native lock (ENOSYS, ENOLCK): its classification was wrong, or lockd died."""
-
-    def __init__(self, kind: str, cause: OSError) -> None:
-        super().__init__(cause.errno, f"{kind} failed with {errno.errorcode.get(cause.errno or 0, cause.errno)}")
-        self.kind = kind

@@ -20,10 +20,10 @@ import pluggy
 from . import distinfo, hookspecs
 from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
 from .hookspecs import NAME
+from .identity import ProcessIdentity
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fsinfo import FsInfo, Mount
-    from .identity import ProcessIdentity
     from .records import HolderRecord
     from .shim import Shim
 

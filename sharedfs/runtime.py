@@ -13,16 +13,14 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import envvars
 from ._policy import Policy, explicit_layer, resolve
 from .hookspecs import NAME
+from .identity import ProcessIdentity
 from .registry import Registry
 from .settings import BY_NAME, log_level
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .identity import ProcessIdentity
 
 log = logging.getLogger(NAME)
 _lock = threading.RLock()
@@ -87,8 +85,6 @@ def set_explicit(settings: dict[str, Any]) -> Policy:
 
 def identity() -> ProcessIdentity:
     """This process's rank/node identity (re-asked each time: torch.distributed may start late)."""
-    from .identity import ProcessIdentity  # asked by locks and collectives, not at activation
-
     answer = registry().process_identity(os.environ)
     node = policy().node_id
     if answer is None:

@@ -65,6 +65,7 @@ import time
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
+from .records import group_name
 from .safefile import NOFOLLOW
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -215,7 +216,6 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> 
                 WATCHED.spell(absolute, real)
         _install()
         from .log import decision
-        from .records import group_name
 
         decision(f"team cache {absolute}: what this process creates there becomes group "
                  f"{group_name(team.gid)}'s ({team.reason})")

@@ -53,11 +53,11 @@ from typing import Any, Callable
 
 from sharedfs import choices, teamfiles
 from sharedfs._policy import Policy
+from sharedfs.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
 from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import drop_in, lock
 from sharedfs.log import decision
-from sharedfs.nodelocal import node_local_root
 from sharedfs.shim import Shim, ShimContext
 
 #: Modules that bind ``FileLock`` by name at import time.

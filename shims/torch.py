@@ -68,6 +68,7 @@ from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import drop_in, lock
 from sharedfs.log import decision
+from sharedfs.records import HolderRecord
 from sharedfs.safefile import create_exclusive, read_untrusted, write_all
 from sharedfs.shim import Shim, ShimContext
 
@@ -228,9 +229,6 @@ class SharedFSBaton:
     # -- torch's baton, taken while the sharedfs lock is held -----------------------------------------
 
     def _take_baton(self) -> None:
-        # Holder records load with the first build, not with `import torch` (every framework's first import).
-        from sharedfs.records import HolderRecord
-
         record = HolderRecord.mine(self.policy.node_id, BATON_KIND).to_bytes()
         while True:
             held = _create_with(self.lock_file_path, record)
@@ -246,8 +244,6 @@ class SharedFSBaton:
         if seen is None:
             return True
         data, identity = seen
-        from sharedfs.records import HolderRecord
-
         record = HolderRecord.parse(data) if data else None
         if record is None or record.kind != BATON_KIND:
             return False
@@ -259,8 +255,6 @@ class SharedFSBaton:
 
     def _wait_for_foreign_baton(self) -> None:
         """Wait, as torch does, while a baton of torch without sharedfs exists; say what it is after a while."""
-        from sharedfs.records import HolderRecord
-
         started = time.monotonic()
         report_at = started + REPORT_AFTER
         while True:

@@ -11,20 +11,8 @@ carries the choice out behind filelock's own contract:
   stale-holder breaking and lease renewal.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from ..errors import LockTimeout
 from ._api import SharedFSLock, SharedFSLockMixin, drop_in, lock
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._marker import marker_path
+from ._marker import marker_path
 
 __all__ = ["LockTimeout", "SharedFSLock", "SharedFSLockMixin", "drop_in", "lock", "marker_path"]
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: the marker module loads with the first lock, not with this package
-    if name == "marker_path":
-        from ._marker import marker_path
-
-        return marker_path
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

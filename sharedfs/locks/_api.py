@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import filelock
 
@@ -42,15 +42,10 @@ from .. import choices, gates, runtime
 from .._policy import LockChoice, Policy
 from ..errors import ConfigError, LockTimeout
 from ..log import decision
-from ..oslocks import NativeLockRefused
 from ..settings import LOCK_KINDS
 from ..standin import unwrap
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._kinds import Existence, Hold, Native
-
-# The kinds, the markers and the holder records load with the first lock, not with the shim that
-# hands a framework this class (its import is every framework's first-import cost).
+from . import _marker
+from ._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 
 log = logging.getLogger("sharedfs")
 
@@ -81,8 +76,6 @@ class _State:
     """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
 
     def __init__(self, lock_file: str, mode: int | None, policy: Policy, owner: str) -> None:
-        from ._kinds import DEFAULT_MODE, KINDS, Target
-
         choice = choices.lock_choice(lock_file, policy)
         # The reason names the mount: one line per framework, mount and kind, not per lock.
         unpatched = ("; processes running without sharedfs (stock filelock on the same files) are not excluded "
@@ -97,8 +90,6 @@ class _State:
 
     def fall_back(self, refused: NativeLockRefused) -> None:
         """The filesystem refused a native lock: ask the plugins again with that evidence."""
-        from ._kinds import KINDS
-
         name = errno.errorcode.get(refused.errno or 0, str(refused.errno))
         choices.native_lock_refused(self.target.lock_file, refused.kind, name)
         with self.guard:
@@ -253,8 +244,6 @@ def _shared(state: _State) -> bool:
 
 
 def _holder_text(state: _State) -> str:
-    from . import _marker
-
     seen = _marker.read(state.target.marker)
     if seen is not None and seen.record is not None:
         return f"held by {seen.record.describe()}"
@@ -264,8 +253,6 @@ def _holder_text(state: _State) -> str:
 
 
 def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
-    from . import _marker
-
     target = state.target
     seen = _marker.read(target.marker)
     record = seen.record if seen is not None else None

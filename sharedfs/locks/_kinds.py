@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 from .. import oslocks
 from .._policy import LockChoice, Policy, TeamCache
-from ..oslocks import NativeLockRefused
 from ..records import HolderRecord, user_name
 from ..safefile import NOFOLLOW
 from . import _marker
@@ -48,6 +47,14 @@ _LOCK_FILE_FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW
 
 #: The mode filelock >= 4 uses when none is given: 0o666 filtered by the umask (and default ACLs).
 DEFAULT_MODE = 0o666
+
+
+class NativeLockRefused(OSError):
+    """The filesystem refused a native lock (ENOSYS, ENOLCK): its classification was wrong, or lockd died."""
+
+    def __init__(self, kind: str, cause: OSError) -> None:
+        super().__init__(cause.errno, f"{kind} failed with {errno.errorcode.get(cause.errno or 0, cause.errno)}")
+        self.kind = kind
 
 
 @dataclass
