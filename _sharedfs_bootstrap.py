@@ -6,7 +6,9 @@ that ``site`` has not already imported, and is a top-level module of its own
 (as virtualenv's ``_virtualenv.py``): starting an interpreter does not import
 the ``sharedfs`` package at all.  It installs itself as a ``sys.meta_path``
 finder that notices when a target framework has *finished* executing and only
-then hands over to :mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
+then hands over to :mod:`sharedfs.onimport` (what runs once a target is found;
+kept out of this module, whose every byte each interpreter unmarshals) and
+:mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
 
 This module sits above the kernel (an entry point, like the CLI): it imports
@@ -67,8 +69,6 @@ _busy = set()  # type: set[str]
 #: (:func:`find_spec` below).  A finder class would cost every interpreter its creation at
 #: start-up and its teardown at exit, about as much as importing this module.
 _finder = None
-#: True while a stand-in activates its shim: imports made meanwhile take the eager path.
-_resolving = False
 
 
 def disabled_entirely(environ=None):
@@ -133,60 +133,11 @@ def add_targets(module_names):
 
 
 def _activate(module_name):
-    stand_in = STAND_INS.get(module_name)
-    if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
-        return
-    # The collector is held off while the kernel loads: its few thousand objects live as long as
-    # the process, and in a heap the framework just filled (torch: a million objects) they tip a
-    # full collection that was pending anyway -- 100 ms inside the user's import statement that
-    # the program otherwise pays at its next allocations.  Deferred, not skipped.
-    import gc
+    # What happens once a target has been imported lives in the package (sharedfs.onimport):
+    # this module is loaded by every interpreter, and its size is paid by every start-up.
+    from sharedfs.onimport import activate
 
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        # Imported here, not at the top: this is where pluggy, importlib.metadata and
-        # the policy get loaded, and only once a target framework is really in use.
-        from sharedfs.activation import activate
-
-        # Only the built-in shims for this module are imported (a shim's module: its name's first part).
-        known = activate(module_name, {name.partition(".")[0] for name, target in TARGETS.items()
-                                       if target == module_name})
-    finally:
-        if paused:
-            gc.enable()
-    # Third-party shims (from entry points) may target modules the static table lacks.
-    new = known - _targets if _finder is not None else set()
-    add_targets(new)
-    for name in sorted(new):
-        if name in sys.modules:
-            _activate(name)
-
-
-def _stand_in(module_name, shim, attr):
-    from os import environ
-
-    if DISABLE in environ:  # any value: let the policy read it (a shim list, or a malformed value)
-        return False
-    from sharedfs.standin import install
-
-    return install(sys.modules[module_name], attr, shim, lambda: _activate_for(shim))
-
-
-def _activate_for(shim):
-    """Activate ``shim`` now (a stand-in's first use): import its target if need be, eagerly."""
-    global _resolving
-    target = TARGETS[shim]
-    _resolving = True
-    try:
-        if target in sys.modules:
-            _activate(target)
-        else:
-            __import__(target)  # the finder's hook activates it once it has executed
-            if _finder is None:  # sharedfs.disable() meanwhile: not watching, so activate by hand
-                _activate(target)
-    finally:
-        _resolving = False
+    activate(module_name)
 
 
 def find_spec(fullname, path, target=None):
@@ -209,32 +160,7 @@ def find_spec(fullname, path, target=None):
         _busy.discard(fullname)
     if spec is None or spec.loader is None:
         return None
-    _hook_exec_module(spec.loader, fullname)
+    from sharedfs.onimport import hook_exec_module
+
+    hook_exec_module(spec.loader, fullname)
     return spec
-
-
-def _hook_exec_module(loader, fullname):
-    original = getattr(loader, "exec_module", None)
-    if original is None:
-        return
-    had_own = "exec_module" in getattr(loader, "__dict__", {})
-
-    def exec_module(module):
-        try:
-            original(module)
-        finally:
-            # Put the loader back as it was: loaders can be shared (zip, editable
-            # finders) and must not call us again for an unrelated module.
-            if had_own:
-                loader.exec_module = original
-            else:
-                try:
-                    del loader.exec_module
-                except AttributeError:
-                    pass
-        _activate(fullname)  # only after the framework executed without error
-
-    try:
-        loader.exec_module = exec_module
-    except (AttributeError, TypeError):
-        pass  # a loader with __slots__: the framework imports unpatched, as without us
