@@ -178,6 +178,8 @@ def write_markdown(results: dict[str, dict[str, Any]], info: dict[str, Any], pat
         lines.append(f"- {info['tools']}")
     if info.get("tree"):
         lines.append(f"- sharedfs from {info['tree']} (SHAREDFS_BENCH_TREE)")
+    for name, when in sorted((info.get("rerun") or {}).items()):  # `--merge`: some benchmarks run again later
+        lines.append(f"- {name}: run again on {when} (`--only {name} --merge`), after the change it measures")
     lines += [
         "- load average (1/5/15 min) before and after each benchmark: "
         + "; ".join(f"{name} {_load(r.get('load_before'))} -> {_load(r.get('load_after'))}" for name, r in results.items()),
@@ -257,6 +259,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark (see RUN_ALL_TIMEOUT)")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.json/.md/.png go (default: benchmarks/)")
     parser.add_argument("--render", action="store_true", help="only re-render results.md/.png from results.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other benchmarks' rows in results.json and replace only those run now")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed, not only on failures")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -280,6 +284,11 @@ def main() -> int:
     info = machine()
     info["quick"] = args.quick
     info["tree"] = os.environ.get("SHAREDFS_BENCH_TREE")
+    if args.merge and (args.out / "results.json").exists():
+        saved = json.loads((args.out / "results.json").read_text())
+        rerun = {**(saved["machine"].get("rerun") or {}), **{name: info["date"] for name in results}}
+        results = {**_upgrade(saved), **results}
+        info = {**saved["machine"], "rerun": rerun}
     # Raw rows first: rendering can be redone (--render) without rerunning the benchmarks.
     (args.out / "results.json").write_text(json.dumps({"machine": info, "results": results}, indent=2))
     render(results, info, args.out)

@@ -29,7 +29,8 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
-_lock = threading.RLock()
+_lock = threading.RLock()  # the tables below; held briefly, never while calling out
+_activating = threading.RLock()  # a stand-in's activation in progress
 #: The class attribute naming where a stand-in stands: (module, attribute name).
 HOME = "_sharedfs_stands_in_for"
 
@@ -130,8 +131,11 @@ def waiting() -> set[str]:
 
 
 def _resolve(standin: type) -> None:
-    with _lock:
-        entry = next((e for e in _pending.values() if e.standin is standin), None)
+    # One activation at a time, and never under _lock: the activation takes the kernel's own lock
+    # and then _lock (activation.apply), as an eager activation in another thread does.
+    with _activating:
+        with _lock:
+            entry = next((e for e in _pending.values() if e.standin is standin), None)
         if entry is None:  # activated already (another thread, another stand-in of the shim, or enable())
             return
         # Applying the shim withdraws its stand-ins and replaces them (activation.apply); a refused

@@ -108,3 +108,27 @@ def test_a_subclass_of_the_stand_in_activates_sharedfs_and_builds_as_its_bases_s
     """
     assert run(code, tmp_path) == {"type": "Mine", "held": True, "hub": "sharedfs.shims.huggingface_hub",
                                    "pluggy": True}
+
+
+def test_a_first_lock_and_an_eager_activation_in_two_threads_do_not_deadlock(tmp_path: Path) -> None:
+    # An eager activation (another framework imported in another thread) holds the kernel's lock and
+    # then asks the stand-ins' table; a stand-in activating holds the first and waits for the second.
+    # If the stand-in held its table while activating, each would wait for the other forever.
+    code = """if 1:
+        import json, os, sys, threading, time
+        import huggingface_hub.utils._fixes as f
+        import sharedfs.activation as activation, sharedfs.standin as standin
+        built = []
+        with activation._lock:  # where an eager activation is when it asks the table
+            first = threading.Thread(target=lambda: built.append(f.FileLock(os.path.join(sys.argv[1], "a.lock"))))
+            first.start()
+            time.sleep(0.5)  # the first lock is now activating, waiting for the kernel's lock
+            asker = threading.Thread(target=standin.withdraw, args=("datasets",))
+            asker.start()
+            asker.join(5)
+            answered = not asker.is_alive()
+        first.join(30)
+        asker.join(30)
+        print(json.dumps({"table_answered_within_5s": answered, "lock": type(built[0]).__module__}))
+    """
+    assert run(code, tmp_path) == {"table_answered_within_5s": True, "lock": "sharedfs.shims.huggingface_hub"}
