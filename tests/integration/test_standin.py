@@ -16,10 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import clean_env
-
-pytest.importorskip("huggingface_hub")
 
 
 def run(code: str, tmp_path: Path, **env: str) -> dict:
