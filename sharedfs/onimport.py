@@ -97,8 +97,8 @@ def _activate_for(shim: str) -> None:
         if target in sys.modules:
             activate(target)
         else:
-            __import__(target)  # the finder's hook activates it once it has executed
-            if _bootstrap._finder is None:  # sharedfs.disable() meanwhile: not watching, so activate by hand
-                activate(target)
+            # The finder's hook activates it once it has executed (after sharedfs.disable() nothing
+            # does, as it should: the stand-in then gives way to the original).
+            __import__(target)
     finally:
         _resolving = False
