@@ -18,7 +18,7 @@ library alone -- and the first call of the stand-in:
 3. builds the lock from whatever class the module holds now.
 
 A refused activation (a malformed setting, an unsafe directory) raises out of the
-framework's lock construction and puts the stand-in back, so every later lock
+framework's lock construction and leaves the stand-in waiting, so every later lock
 raises too: failing closed, never falling back to the unpatched class.  Only the
 standard library is imported here: this module loads at the framework's import.
 """
@@ -36,12 +36,15 @@ HOME = "_sharedfs_stands_in_for"
 
 
 class _Entry:
-    __slots__ = ("module", "attr", "shim", "original", "standin", "activate")
+    __slots__ = ("module", "attr", "shim", "standin", "activate")
 
-    def __init__(self, module: ModuleType, attr: str, shim: str, original: type, standin: type,
+    def __init__(self, module: ModuleType, attr: str, shim: str, standin: type,
                  activate: Callable[[], object]) -> None:
-        self.module, self.attr, self.shim = module, attr, shim
-        self.original, self.standin, self.activate = original, standin, activate
+        self.module, self.attr, self.shim, self.standin, self.activate = module, attr, shim, standin, activate
+
+    @property
+    def original(self) -> type:
+        return unwrap(self.standin)  # type: ignore[no-any-return]
 
 
 #: (module name, attribute) -> the stand-in in place there now.
@@ -69,7 +72,7 @@ def install(module: ModuleType, attr: str, shim: str, activate: Callable[[], obj
             "__doc__": original.__doc__,
             HOME: (module, attr),
         })
-        _pending[key] = _Entry(module, attr, shim, original, standin, activate)
+        _pending[key] = _Entry(module, attr, shim, standin, activate)
         setattr(module, attr, standin)
     return True
 
