@@ -54,7 +54,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from sharedfs._policy import Layer, Policy
@@ -63,6 +63,7 @@ from sharedfs.identity import ProcessIdentity
 from sharedfs.publish import publish
 from sharedfs.records import HolderRecord
 from sharedfs.safefile import NOFOLLOW, read_untrusted
+from sharedfs.structs import frozen
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -175,7 +176,7 @@ def step_id(text: str | None) -> str | None:
     return str(number) if number <= MAX_NORMAL_STEP else None
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmFacts:
     """What Slurm said about one job and one of its steps: all that is cached and shared between processes."""
 

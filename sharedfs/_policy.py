@@ -8,18 +8,19 @@ them and remembers where each value came from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
 from .settings import BY_NAME, SETTINGS, default_node_id
+from .structs import frozen
 
 #: Priority of explicit arguments; plugin layers must stay below it.
 EXPLICIT_PRIORITY = 1000
 
 
-@dataclass(frozen=True)
+@frozen
 class Layer:
     """Raw values from one source, e.g. the environment or a TOML file.
 
@@ -40,7 +41,7 @@ class Layer:
         return self.origins.get(key, f"{self.name}: {key}")
 
 
-@dataclass(frozen=True)
+@frozen
 class LockChoice:
     """What ``sharedfs_choose_lock`` decided for one path, and why (one plain sentence)."""
 
@@ -51,7 +52,7 @@ class LockChoice:
     marker: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class TeamCache:
     """A directory a group of users shares (``sharedfs_team_cache``): what sharedfs creates there is theirs too.
 
@@ -64,7 +65,7 @@ class TeamCache:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class CacheRequest:
     """What the kernel tells ``sharedfs_cache_placement`` about one framework's cache."""
 
@@ -79,7 +80,7 @@ class CacheRequest:
     create: bool = True
 
 
-@dataclass(frozen=True)
+@frozen
 class CachePlacement:
     """Where one framework's cache goes, decided by ``sharedfs_cache_placement``.
 
@@ -91,7 +92,7 @@ class CachePlacement:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Policy:
     """The resolved settings.  Field names are the settings' names (and TOML keys)."""
 

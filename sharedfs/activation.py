@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from . import choices, distinfo, runtime, standin
@@ -27,12 +26,13 @@ from .errors import SharedFSError
 from .hookspecs import NAME
 from .log import decision
 from .shim import Shim, ShimContext
+from .structs import mutable
 
 log = logging.getLogger(NAME)
 _lock = threading.RLock()
 
 
-@dataclass
+@mutable
 class ShimState:
     """What happened to one shim in this process (for ``sharedfs status``)."""
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
+
+from .structs import frozen
 
 __all__ = [
     "KINDS",
@@ -83,7 +85,7 @@ COHERENT, NODE_LOCAL, ABSENT = LOCK_STATES
 # Mount
 
 
-@dataclass(frozen=True)
+@frozen
 class Mount:
     """One line of ``/proc/self/mountinfo`` (plus the ``statfs`` magic, if known).
 
@@ -383,7 +385,7 @@ mount_for.cache_clear = clear_mount_cache  # type: ignore[attr-defined]
 # FsInfo
 
 
-@dataclass(frozen=True)
+@frozen
 class FsInfo:
     """What the filesystem holding a path can do, as far as locking is concerned.
 

@@ -8,11 +8,13 @@ of 1 on its own node.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from .structs import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class ProcessIdentity:
     """This process's place in the job.  ``source`` says which plugin answered."""
 

@@ -21,8 +21,10 @@ import os
 import re
 import socket
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import Any, Mapping
+
+from .structs import frozen
 
 __all__ = ["HolderRecord", "ProcessFacts", "process_facts", "process_start_time"]
 
@@ -87,7 +89,7 @@ def _pid_namespace() -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@frozen
 class ProcessFacts:
     """What this process writes into records about itself.  Computed once per pid (a fork gets its own)."""
 
@@ -119,7 +121,7 @@ def process_facts() -> ProcessFacts:
     return _facts
 
 
-@dataclass(frozen=True)
+@frozen
 class HolderRecord:
     """Who holds something.  ``kind`` says what: a lock kind, ``inuse`` (a shard reader), ``user`` (a job dir)."""
 

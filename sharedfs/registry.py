@@ -11,7 +11,6 @@ imports a plugin or a shim module statically.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Iterable, Mapping
 
@@ -21,6 +20,7 @@ from . import distinfo, hookspecs
 from ._policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
 from .hookspecs import NAME
 from .identity import ProcessIdentity
+from .structs import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fsinfo import FsInfo, Mount
@@ -37,7 +37,7 @@ BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "teamcache", "l
 BUILTIN_SHIMS = ("datasets", "huggingface_hub", "webdataset", "wids", "mmengine", "xtuner", "torch")
 
 
-@dataclass(frozen=True)
+@frozen
 class ExternalPlugin:
     """A third-party plugin found through the ``sharedfs`` entry-point group."""
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import envvars
+from .structs import frozen
 
 LOCK_KINDS = ("auto", "flock", "posix", "soft", "lease")
 CACHE_MODES = ("auto", "shared", "node-local")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-@dataclass(frozen=True)
+@frozen
 class Setting:
     """One user-facing setting."""
 

@@ -114,7 +114,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Callable
 
 from . import teamfiles
@@ -122,6 +121,7 @@ from .errors import LockTimeout, UnsafeDirectoryError, WaitTimeout
 from .publish import fsync_dir
 from .records import HolderRecord
 from .safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
+from .structs import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -191,7 +191,7 @@ def _unlink(path: str) -> None:
 # -- where the coordination tree is ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     """Where one cache keeps its coordination files (see the module docstring)."""
 

@@ -13,12 +13,12 @@ so ``unpatch`` restores exactly what was there (the OpenTelemetry
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
 from ._policy import CachePlacement, Policy
 from .standin import unwrap
+from .structs import frozen
 
 _MISSING = object()
 
@@ -63,7 +63,7 @@ class Patcher:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class ShimContext:
     """The plugins' decisions for one shim, made by the kernel before :meth:`Shim.apply` runs.
 

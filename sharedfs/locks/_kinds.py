@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
 from typing import Any, Callable
 
@@ -37,6 +37,7 @@ from .. import oslocks
 from .._policy import LockChoice, Policy, TeamCache
 from ..records import HolderRecord, user_name
 from ..safefile import NOFOLLOW
+from ..structs import mutable
 from . import _marker
 
 log = logging.getLogger("sharedfs")
@@ -57,7 +58,7 @@ class NativeLockRefused(OSError):
         self.kind = kind
 
 
-@dataclass
+@mutable
 class Target:
     """What a kind needs to know about the lock it implements."""
 

@@ -35,11 +35,11 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Callable
 
 from ..records import HolderRecord
 from ..safefile import create_exclusive, read_untrusted, write_all
+from ..structs import frozen
 
 log = logging.getLogger("sharedfs")
 
@@ -62,7 +62,7 @@ def marker_path(lock_file: str) -> str:
     return lock_file + SUFFIX
 
 
-@dataclass(frozen=True)
+@frozen
 class Seen:
     """A marker as a waiter read it: its bytes and identity, and what they say.
 
