@@ -54,7 +54,6 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, fields
 from typing import Any
 
 from sharedfs._policy import Layer, Policy
@@ -63,7 +62,7 @@ from sharedfs.identity import ProcessIdentity
 from sharedfs.publish import publish
 from sharedfs.records import HolderRecord
 from sharedfs.safefile import NOFOLLOW, read_untrusted
-from sharedfs.structs import frozen
+from sharedfs.structs import asdict, field_names, frozen
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -120,16 +119,17 @@ QUERY_TIMEOUT = 5.0
 CLOCK_SLACK = 300.0
 
 #: What the record may name, and all that is ever passed to squeue/scontrol (the record is untrusted):
-#: a job id, an array task ``123_4`` or a heterogeneous component ``123+1`` ...
-JOB_ID = re.compile(r"[1-9][0-9]{0,9}(?:_[0-9]{1,10}|\+[0-9]{1,5})?")
+#: a job id, an array task ``123_4`` or a heterogeneous component ``123+1`` ...  (Patterns for
+#: ``re.fullmatch``, compiled on first use and cached by ``re``, not at every framework's import.)
+JOB_ID = r"[1-9][0-9]{0,9}(?:_[0-9]{1,10}|\+[0-9]{1,5})?"
 #: ... and a step: a number, or the name squeue prints for a special step.
-STEP_ID = re.compile(r"[0-9]{1,10}|batch|extern|interactive")
+STEP_ID = r"[0-9]{1,10}|batch|extern|interactive"
 #: SLURM_STEP_ID of the special steps is their number (slurm.h: SLURM_INTERACTIVE_STEP,
 #: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT); squeue names them.  0xfffffffd (a pending step) has no processes.
 SPECIAL_STEPS = {0xFFFFFFFA: "interactive", 0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern"}
 MAX_NORMAL_STEP = 0xFFFFFFF0
 #: A node name as slurm.conf can spell it (never an option: no leading '-').
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+NODE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 
 log = logging.getLogger("sharedfs")
 _cache: dict[str, tuple[float, SlurmFacts]] = {}
@@ -160,13 +160,13 @@ def sharedfs_holder_alive(record: HolderRecord, policy: Policy) -> bool | None:
 def job_id(text: str | None) -> str | None:
     """``text`` if it is a job id squeue accepts (``123``, ``123_4``, ``123+1``), else ``None``."""
     text = (text or "").strip()
-    return text if JOB_ID.fullmatch(text) else None
+    return text if re.fullmatch(JOB_ID, text) else None
 
 
 def step_id(text: str | None) -> str | None:
     """The step as squeue names it (``0``, ``batch``, ``extern``, ``interactive``), or ``None``."""
     text = (text or "").strip()
-    if not STEP_ID.fullmatch(text):
+    if not re.fullmatch(STEP_ID, text):
         return None
     if not text.isdigit():
         return text
@@ -197,7 +197,7 @@ class SlurmFacts:
     @classmethod
     def from_json(cls, obj: Any) -> SlurmFacts | None:
         """The facts in ``obj`` (a cache file's, so untrusted), or ``None`` if it is not exactly what we write."""
-        if not isinstance(obj, dict) or set(obj) != {f.name for f in fields(cls)}:
+        if not isinstance(obj, dict) or set(obj) != set(field_names(cls)):
             return None
         ok = (_optional_text(obj["state"], 32) and _optional_text(obj["error"], 1024)
               and (obj["started"] is None or _number(obj["started"]))
@@ -393,7 +393,7 @@ def _node_known(node: str) -> bool:
     if node not in _nodes:
         scontrol = shutil.which("scontrol")
         # The name comes from an untrusted record: only a plain node name reaches the command line.
-        plain = NODE_NAME.fullmatch(node) is not None
+        plain = re.fullmatch(NODE_NAME, node) is not None
         result = _query([scontrol, "show", "node", node]) if scontrol and plain else "not asked"
         # Not knowing counts as "not ours": the safe direction is not breaking the lock.
         _nodes[node] = not isinstance(result, str) and result[0] == 0 and f"NodeName={node} " in result[1]

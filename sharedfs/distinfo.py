@@ -23,14 +23,20 @@ from typing import Optional
 
 __all__ = ["declares_group", "in_range", "version"]
 
-_NORMALIZE = re.compile(r"[-_.]+")
+# Patterns are strings, compiled by ``re`` on first use and kept in its cache: compiling at
+# import cost each framework's first import ~1 M instructions a pattern, used or not.
 #: A plain release: digits and dots, optionally a local label (``2.13.0+cpu``).
-_PLAIN = re.compile(r"^v?(\d+(?:\.\d+)*)(?:\+[a-z0-9.]+)?$", re.IGNORECASE)
-_BOUND = re.compile(r"^\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*$")
+_PLAIN = r"(?i)^v?(\d+(?:\.\d+)*)(?:\+[a-z0-9.]+)?$"
+_BOUND = r"^\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*$"
+_SEPARATORS = str.maketrans("_.", "--")
 
 
 def _normalize(name: str) -> str:
-    return _NORMALIZE.sub("-", name).lower()
+    """PEP 503: runs of ``-``, ``_`` and ``.`` become one ``-``, lower case (without a regex: 100 names a scan)."""
+    name = name.translate(_SEPARATORS).lower()
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
 
 
 class _Scan:
@@ -124,12 +130,12 @@ def in_range(installed: str, spec: str) -> Optional[bool]:
     Plain releases and bounds only, where PEP 440 ordering is the ordering of the release
     numbers; a local label (``+cpu``) is ignored, as PEP 440 says for these operators.
     """
-    plain = _PLAIN.match(installed.strip())
+    plain = re.match(_PLAIN, installed.strip())
     if plain is None:
         return None  # pre-, post- and dev-releases: packaging knows their ordering
     have = _release(plain.group(1))
     for clause in spec.split(","):
-        bound = _BOUND.match(clause)
+        bound = re.match(_BOUND, clause)
         if bound is None:
             return None
         op, want = bound.group(1), _release(bound.group(2))

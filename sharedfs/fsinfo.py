@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import field, replace
+from dataclasses import field
 from typing import Any
 
-from .structs import frozen
+from .structs import frozen, replace
 
 __all__ = [
     "KINDS",
@@ -147,7 +147,7 @@ def magic_name(magic: int | None) -> str | None:
     return None
 
 
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+_OCTAL_ESCAPE = r"\\([0-7]{3})"  # compiled (and cached by re) when a mount point has an escape
 
 
 def _unescape(text: str) -> str:
@@ -155,7 +155,7 @@ def _unescape(text: str) -> str:
     newline, ``\134`` backslash (and ``\043`` ``#`` on some kernels)."""
     if "\\" not in text:
         return text
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
+    return re.sub(_OCTAL_ESCAPE, lambda m: chr(int(m.group(1), 8)), text)
 
 
 def _split_options(text: str) -> list[str]:

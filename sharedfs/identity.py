@@ -8,10 +8,9 @@ of 1 on its own node.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-from .structs import frozen
+from .structs import asdict, frozen
 
 
 @frozen

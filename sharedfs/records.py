@@ -21,10 +21,9 @@ import os
 import re
 import socket
 import time
-from dataclasses import asdict, fields
 from typing import Any, Mapping
 
-from .structs import frozen
+from .structs import asdict, field_names, frozen
 
 __all__ = ["HolderRecord", "ProcessFacts", "process_facts", "process_start_time"]
 
@@ -53,7 +52,8 @@ def process_start_time(pid: int) -> str | None:
 
 
 #: The title slurmstepd gives itself: ``slurmstepd: [JOB.STEP]`` (``batch``/``extern``/``interactive`` named).
-_STEPD_TITLE = re.compile(rb"slurmstepd: \[([0-9]+)\.([0-9]+|batch|extern|interactive)\]")
+#: (A string: compiled, and cached by re, only in a process under slurmstepd.)
+_STEPD_TITLE = rb"slurmstepd: \[([0-9]+)\.([0-9]+|batch|extern|interactive)\]"
 
 
 def _slurm_step() -> tuple[str, str] | None:
@@ -72,7 +72,7 @@ def _slurm_step() -> tuple[str, str] | None:
             comm, ppid = head.split(b"(", 1)[1], int(tail.split()[1])
             if comm == b"slurmstepd":
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    found = _STEPD_TITLE.match(fh.read(256))
+                    found = re.match(_STEPD_TITLE, fh.read(256))
                 return (found.group(1).decode(), found.group(2).decode()) if found else None
         except (OSError, ValueError, IndexError):
             return None
@@ -167,15 +167,15 @@ class HolderRecord:
         if not isinstance(obj, dict):
             return None
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in obj:
-                if f.name in _REQUIRED:
+        for name in field_names(cls):
+            if name not in obj:
+                if name in _REQUIRED:
                     return None
                 continue
-            value = obj[f.name]
-            if not _SCHEMA[f.name](value):
+            value = obj[name]
+            if not _SCHEMA[name](value):
                 return None
-            values[f.name] = value
+            values[name] = value
         return cls(**values)
 
     def same_process_space(self) -> bool:

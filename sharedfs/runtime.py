@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import field, replace
+from dataclasses import field
 from typing import Any
 
 from . import envvars
@@ -21,7 +21,7 @@ from .hookspecs import NAME
 from .identity import ProcessIdentity
 from .registry import Registry
 from .settings import BY_NAME, log_level
-from .structs import mutable
+from .structs import mutable, replace
 
 log = logging.getLogger(NAME)
 _lock = threading.RLock()
@@ -29,6 +29,8 @@ _lock = threading.RLock()
 
 @mutable
 class _State:
+    """The process's registry, the settings given by :func:`configure`, and the policy resolved from both."""
+
     registry: Registry
     explicit: dict[str, Any] = field(default_factory=dict)
     policy: Policy | None = None

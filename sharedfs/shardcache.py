@@ -155,7 +155,7 @@ NOT_SHARDS = (".lock", ".part", ".db", ".db-journal")
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 #: What :func:`key` makes; names in the coordination tree that do not match were not made by sharedfs.
-KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{0,60}-[0-9a-f]{16}")
+KEY_PATTERN = r"[A-Za-z0-9_-]{0,60}-[0-9a-f]{16}"  # for re.fullmatch (compiled on first use, then cached by re)
 
 Download = Callable[[str], None]
 """Writes the complete shard to the path it is given (in a private temp directory)."""
@@ -1036,7 +1036,7 @@ def _sweep(lay: Layout, policy: Policy) -> None:
         if _owned_dir(os.path.join(lay.part("tmp"), name)):  # others' partials are private to them
             stale.setdefault(name.rsplit(".", 1)[0], set()).add("tmp")
     for shard_key, what in stale.items():
-        if KEY_PATTERN.fullmatch(shard_key):
+        if re.fullmatch(KEY_PATTERN, shard_key):
             _sweep_shard(lay, shard_key, what, policy, now)
 
 

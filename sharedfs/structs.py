@@ -1,23 +1,30 @@
-"""Dataclasses that cost no code generation at import.
+"""Dataclasses that cost nothing to define.
 
 ``dataclasses.dataclass`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__``,
-``__setattr__`` and ``__delattr__`` as source text and compiles it: about 0.8 ms a frozen class on
-CPython 3.11, 13 ms for the twenty classes sharedfs loads when a framework is first imported --
-a third of its activation (``benchmarks/startup.py``, "activation alone").  :func:`frozen` and
-:func:`mutable` let ``dataclasses`` collect the fields, so ``dataclasses.field``, ``fields``,
-``replace`` and ``asdict`` work as usual, and give the class shared methods that behave as the
-generated ones do (same arguments, errors, equality, hash and repr); building an instance costs
-about 0.3 us more.  Only what sharedfs uses is supported: no ``InitVar``, ``kw_only`` or
-``init=False`` fields (refused when the class is made), no ordering.
+``__setattr__`` and ``__delattr__`` as source text and compiles it, after an inspection of the
+class: about 0.8 ms a frozen class on CPython 3.11, 15 ms for the twenty classes sharedfs loads
+when a framework is first imported -- a third of its activation (``benchmarks/startup.py``,
+"activation alone").  :func:`frozen` and :func:`mutable` read the annotations themselves and give
+the class shared methods that behave as the generated ones do (same arguments and errors,
+equality, hash, repr, ``FrozenInstanceError``); building an instance costs about 0.3 us more.
+
+Fields are declared as for dataclasses, ``dataclasses.field(...)`` included (its ``default``,
+``default_factory``, ``repr``, ``hash`` and ``compare``); type checkers read the decorators as
+dataclass decorators (PEP 681).  The classes are not dataclasses: :func:`replace`,
+:func:`asdict` and :func:`field_names` stand in for ``dataclasses``' functions.  Only what
+sharedfs uses is supported -- no ``ClassVar``/``InitVar``, ``kw_only`` or ``init=False`` fields,
+no inheritance between structs, no ordering -- and anything else is refused when the class is made.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import MISSING, Field, FrozenInstanceError, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+__all__ = ["asdict", "field_names", "frozen", "mutable", "replace"]
+
 _C = TypeVar("_C", bound=type)
-_MISSING = dataclasses.MISSING
+_T = TypeVar("_T")
 _set = object.__setattr__
 
 if TYPE_CHECKING:  # pragma: no cover - the type checker reads these as dataclass decorators
@@ -29,27 +36,46 @@ else:
 
 
 class _Spec:
-    """One class's fields, read once when it is made."""
+    """One class's fields, read from its annotations once, when it is made."""
 
     __slots__ = ("names", "defaults", "factories", "compared", "hashed", "shown", "post_init")
 
     def __init__(self, cls: type) -> None:
-        found = dataclasses.fields(cls)
-        self.names = tuple(f.name for f in found)
-        self.defaults = {f.name: f.default for f in found if f.default is not _MISSING}
-        self.factories = {f.name: f.default_factory for f in found if f.default_factory is not _MISSING}
-        self.compared = tuple(f.name for f in found if f.compare)
-        self.hashed = tuple(f.name for f in found if (f.compare if f.hash is None else f.hash))
-        self.shown = tuple(f.name for f in found if f.repr)
+        if any(hasattr(base, "__struct__") for base in cls.__mro__[1:]):
+            raise TypeError(f"{cls.__qualname__}: sharedfs.structs does not support inheriting fields")
+        self.defaults: dict[str, Any] = {}
+        self.factories: dict[str, Callable[[], Any]] = {}
+        names: list[str] = []
+        compared: list[str] = []
+        hashed: list[str] = []
+        shown: list[str] = []
+        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+            if str(annotation).replace("typing.", "").startswith(("ClassVar", "InitVar", "dataclasses.InitVar")):
+                raise TypeError(f"{cls.__qualname__}.{name}: sharedfs.structs supports plain fields only")
+            spec = cls.__dict__.get(name, MISSING)
+            if isinstance(spec, Field):
+                if not spec.init or getattr(spec, "kw_only", False) is True:
+                    raise TypeError(f"{cls.__qualname__}.{name}: sharedfs.structs supports plain fields only")
+                default, factory = spec.default, spec.default_factory
+                in_repr, in_eq, in_hash = spec.repr, spec.compare, spec.compare if spec.hash is None else spec.hash
+                if default is MISSING:
+                    delattr(cls, name)  # as dataclasses: no class attribute for a field without a plain default
+                else:
+                    setattr(cls, name, default)
+            else:
+                default, factory, in_repr, in_eq, in_hash = spec, MISSING, True, True, True
+            if default is not MISSING:
+                self.defaults[name] = default
+            elif factory is not MISSING:
+                self.factories[name] = factory  # type: ignore[assignment]
+            elif self.defaults or self.factories:
+                raise TypeError(f"non-default argument {name!r} follows default argument")
+            names.append(name)
+            for wanted, into in ((in_eq, compared), (in_hash, hashed), (in_repr, shown)):
+                if wanted:
+                    into.append(name)
+        self.names, self.compared, self.hashed, self.shown = tuple(names), tuple(compared), tuple(hashed), tuple(shown)
         self.post_init = hasattr(cls, "__post_init__")
-        optional = False
-        for f in found:
-            if not f.init or getattr(f, "kw_only", False) or f._field_type is not dataclasses._FIELD:  # type: ignore[attr-defined]
-                raise TypeError(f"{cls.__qualname__}.{f.name}: sharedfs.structs supports plain fields only")
-            if f.name in self.defaults or f.name in self.factories:
-                optional = True
-            elif optional:
-                raise TypeError(f"non-default argument {f.name!r} follows default argument")
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -107,16 +133,17 @@ def _hash(self: Any) -> int:
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
 
 def _frozen_delattr(self: Any, name: str) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
 def _make(cls: Any, frozen: bool) -> Any:
-    cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)  # fields only: nothing compiled
-    cls.__struct__ = _Spec(cls)
+    cls.__struct__ = spec = _Spec(cls)
+    if not cls.__doc__:
+        cls.__doc__ = f"{cls.__name__}({', '.join(spec.names)})"
     methods: dict[str, Any] = {"__init__": _init, "__repr__": _repr, "__eq__": _eq}
     if frozen:
         methods.update(__setattr__=_frozen_setattr, __delattr__=_frozen_delattr)
@@ -126,8 +153,8 @@ def _make(cls: Any, frozen: bool) -> Any:
     # dataclasses' rule for eq=True: a __hash__ the class body writes is kept; otherwise a frozen
     # class hashes its compared fields and a mutable one is unhashable.  (A body that defines
     # __eq__ alone gets __hash__ = None from Python itself: that is not "written".)
-    body_hash = cls.__dict__.get("__hash__", _MISSING)
-    if body_hash is _MISSING or (body_hash is None and "__eq__" in cls.__dict__):
+    body_hash = cls.__dict__.get("__hash__", MISSING)
+    if body_hash is MISSING or (body_hash is None and "__eq__" in cls.__dict__):
         methods["__hash__"] = _hash if frozen else None
     for name, method in methods.items():
         if name == "__hash__" or name not in cls.__dict__:
@@ -135,13 +162,28 @@ def _make(cls: Any, frozen: bool) -> Any:
     return cls
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: _C) -> _C:
     """``@dataclass(frozen=True)``, without compiling its methods."""
     return _make(cls, frozen=True)
 
 
-@dataclass_transform(field_specifiers=(dataclasses.field,))
+@dataclass_transform(field_specifiers=(field,))
 def mutable(cls: _C) -> _C:
     """``@dataclass``, without compiling its methods."""
     return _make(cls, frozen=False)
+
+
+def field_names(struct: Any) -> tuple[str, ...]:
+    """The fields of a struct class or instance, in order (``dataclasses.fields``, names only)."""
+    return struct.__struct__.names  # type: ignore[no-any-return]
+
+
+def asdict(struct: Any) -> dict[str, Any]:
+    """``{field: value}`` -- shallow: values are returned as they are (sharedfs's structs hold plain values)."""
+    return {name: getattr(struct, name) for name in struct.__struct__.names}
+
+
+def replace(struct: _T, **changes: Any) -> _T:
+    """A copy of ``struct`` with ``changes`` (``dataclasses.replace``); an unknown name raises TypeError."""
+    return type(struct)(**{**asdict(struct), **changes})

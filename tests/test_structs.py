@@ -10,11 +10,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import pytest
 
+from sharedfs import structs
 from sharedfs.structs import frozen, mutable
+
+#: dataclasses' functions, and what stands in for them on a struct.
+ASDICT: dict[str, Callable[..., Any]] = {"dataclasses": dataclasses.asdict, "sharedfs": structs.asdict}
+REPLACE: dict[str, Callable[..., Any]] = {"dataclasses": dataclasses.replace, "sharedfs": structs.replace}
+NAMES: dict[str, Callable[..., Any]] = {"dataclasses": lambda c: tuple(f.name for f in dataclasses.fields(c)), "sharedfs": structs.field_names}
 
 
 def _frozen_body(name: str) -> type:
@@ -46,8 +52,8 @@ def _mutable_body(name: str) -> type:
     return Box
 
 
-PointDC = dataclasses.dataclass(frozen=True)(_frozen_body("PointDC"))
-PointS = frozen(_frozen_body("PointS"))
+PointDC: Any = dataclasses.dataclass(frozen=True)(_frozen_body("PointDC"))
+PointS: Any = frozen(_frozen_body("PointS"))
 FROZEN = {"dataclasses": PointDC, "sharedfs": PointS}
 MUTABLE = {"dataclasses": dataclasses.dataclass(_mutable_body("BoxDC")), "sharedfs": mutable(_mutable_body("BoxS"))}
 
@@ -86,7 +92,7 @@ def test_construction_matches_dataclasses(args: tuple, kwargs: dict) -> None:
         assert ours[1:] == theirs[1:]
     else:
         assert _shown(ours[1]) == _shown(theirs[1])
-        assert dataclasses.asdict(ours[1]) == dataclasses.asdict(theirs[1])
+        assert structs.asdict(ours[1]) == dataclasses.asdict(theirs[1])
 
 
 def test_frozen_semantics_match_dataclasses() -> None:
@@ -100,8 +106,12 @@ def test_frozen_semantics_match_dataclasses() -> None:
             a.x = 3
         with pytest.raises(dataclasses.FrozenInstanceError):
             del a.x
-        assert dataclasses.replace(a, z=2.0) == cls(1, "a", 2.0), kind
-        assert [f.name for f in dataclasses.fields(a)] == ["x", "y", "z", "tags", "note"], kind
+        assert REPLACE[kind](a, z=2.0) == cls(1, "a", 2.0), kind
+        with pytest.raises(TypeError, match="unexpected keyword argument 'w'"):
+            REPLACE[kind](a, w=1)
+        assert NAMES[kind](a) == NAMES[kind](cls) == ("x", "y", "z", "tags", "note"), kind
+        assert ASDICT[kind](a) == {"x": 1, "y": "a", "z": 0.5, "tags": {"k": "v"}, "note": ""}, kind
+        assert cls.z == 0.5 and cls.note == "" and not hasattr(cls, "tags"), kind  # class attributes as dataclasses leaves them
         assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a, kind
         assert cls(1, "a").tags is not cls(1, "a").tags, kind  # a fresh factory value each time
     assert repr(PointS(1, "a")) == "PointS(x=1, y='a', z=0.5, note='')"
@@ -135,6 +145,29 @@ def test_unsupported_fields_are_refused_when_the_class_is_made() -> None:
 
     with pytest.raises(TypeError, match="plain fields only"):
         frozen(Skipped)
+
+    class Counted:
+        """A class variable among the fields."""
+
+        a: int
+        b: ClassVar[int] = 0
+
+    with pytest.raises(TypeError, match="plain fields only"):
+        frozen(Counted)
+
+    @frozen
+    class Base:
+        """A struct."""
+
+        a: int
+
+    class Derived(Base):
+        """A struct inheriting its fields."""
+
+        b: int
+
+    with pytest.raises(TypeError, match="does not support inheriting fields"):
+        frozen(Derived)
 
 
 def test_a_method_the_class_writes_is_kept() -> None:
