@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import getpass
 import inspect
 import logging
 import os
@@ -66,7 +65,6 @@ from typing import Any, Callable
 from sharedfs import workers
 from sharedfs._policy import Policy
 from sharedfs.hookspecs import hookimpl
-from sharedfs.locks import drop_in, lock
 from sharedfs.log import decision
 from sharedfs.records import HolderRecord
 from sharedfs.safefile import create_exclusive, read_untrusted, write_all
@@ -202,6 +200,8 @@ class SharedFSBaton:
         self.warn_after_seconds = warn_after_seconds
         self.fd = None  # torch's attribute; the baton holds no descriptor here
         self._held: tuple[int, int] | None = None  # (st_dev, st_ino) of the baton this process created
+        from sharedfs.locks import lock  # see TorchFileLockShim.apply
+
         self._guard = lock(lock_file_path + GUARD_SUFFIX, timeout=-1, policy=self.policy)
 
     def try_acquire(self) -> bool:
@@ -397,6 +397,10 @@ class TorchFileLockShim(Shim):
     LOCK_SITES = ("torch._inductor.select_algorithm", "torch._inductor.triton_bundler", "torch._inductor.cache")
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        # sharedfs.locks (and filelock, 44 M instructions) load when torch loads its own lock
+        # module, not with every `import torch`: most torch processes never take one.
+        from sharedfs.locks import drop_in
+
         original = module.FileLock
         replacement = drop_in(original, policy, __name__)
         self.patcher.setattr(module, "FileLock", replacement)
@@ -429,6 +433,8 @@ class TorchInductorShim(Shim):
         uses Inductor should pay for.
         """
         try:
+            import getpass  # here, not at every `import torch`
+
             user = getpass.getuser()
         except (KeyError, ModuleNotFoundError, OSError):
             user = f"uid_{os.getuid()}"

@@ -244,3 +244,27 @@ def test_torch_compile_with_its_cache_on_lustre_without_flock_fails_without_shar
                                           "TORCHINDUCTOR_CACHE_DIR": str(lustre / "fixed")}))
     assert fixed.returncode == 0 and "compiled" in fixed.stdout, fixed.stderr[-3000:]
     assert "torch locks -> soft: existence lock on fuse" in fixed.stderr
+
+
+LAZY_LOCKS = """
+import json, sys
+import torch
+from torch.utils.data import DataLoader
+at_import = {"filelock": "filelock" in sys.modules, "sharedfs.locks": "sharedfs.locks" in sys.modules,
+             "DataLoader patched": DataLoader.__init__.__code__.co_filename.endswith("shims/torch.py")}
+import torch.utils._filelock as tfl
+print(json.dumps({"at_import": at_import, "FileLock": tfl.FileLock.__module__,
+                  "is drop-in": tfl.FileLock.__module__.startswith("sharedfs")}))
+"""
+
+
+def test_import_torch_loads_no_lock_machinery_until_torch_loads_its_lock_module(tmp_path: Path) -> None:
+    """``import torch`` does not load filelock (44 M instructions) or sharedfs's locks for shims that lock
+    only when torch loads its own lock module; when it does, its FileLock is still sharedfs's (issue: imports
+    stay fast; the torch shim used to import sharedfs.locks, and with it filelock, at `import torch`)."""
+    out = subprocess.run([sys.executable, "-c", LAZY_LOCKS], capture_output=True, text=True, timeout=120,
+                         env=clean_env({"SHAREDFS_CACHE_ROOT": str(tmp_path)}), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["at_import"] == {"filelock": False, "sharedfs.locks": False, "DataLoader patched": True}, seen
+    assert seen["is drop-in"], seen
