@@ -79,7 +79,7 @@ def disabled_entirely(environ=None):
 
 
 def install():
-    """The ``.pth`` entry point: install the finder unless disabled.  Never raises."""
+    """Install the finder unless disabled (run on import; PEP 829's entry point).  Never raises."""
     try:
         from os import environ  # loaded by site already
 
@@ -164,3 +164,10 @@ def find_spec(fullname, path, target=None):
 
     hook_exec_module(spec.loader, fullname)
     return spec
+
+
+# Importing this module installs it, as importing virtualenv's ``_virtualenv`` does: the .pth
+# line is ``import _sharedfs_bootstrap`` alone, because site compiles every .pth line at every
+# start-up (``; _sharedfs_bootstrap.install()`` cost each interpreter ~80 k instructions) while
+# this call is already compiled.  install() is idempotent and never raises.
+install()

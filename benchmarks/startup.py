@@ -14,6 +14,11 @@
    (median of the per-pair ratios).  The note gives the CPU-time ratio and what sharedfs's
    activation costs on its own (the framework imported with sharedfs off, then sharedfs enabled
    and timed: the same work the import hook does, without the import's noise).
+3. The same imports as user-space instructions (valgrind callgrind; ``--no-callgrind`` skips):
+   wall time on a shared 2-core VM moves +-5-12 % between runs of one command, the
+   instruction count repeats exactly.  Each side is the count of ``python -c "<import>"``
+   minus that of ``python -c pass`` in the same environment, so start-up is not diluting it;
+   hash seed and BLAS/OpenMP threads are fixed (numpy's idle BLAS threads spin under valgrind).
 
     python benchmarks/startup.py [--json] [--quick] [--runs 40] [--import-runs 11] [--only datasets]
 """
@@ -21,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -255,6 +261,46 @@ def import_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     return rows
 
 
+#: Environment for instruction counts: numpy's BLAS threads spin while idle, which callgrind counts.
+DETERMINISTIC = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _import_instructions(statement: str, env: dict[str, str], python: str) -> int | None:
+    """Instructions of ``statement`` in a fresh interpreter: ``python -c statement`` minus ``python -c pass``."""
+    env = {**env, **DETERMINISTIC}
+    cwd = tempfile.gettempdir()
+    whole, bare = instructions([python, "-c", statement], env, cwd=cwd), instructions([python, "-c", "pass"], env, cwd=cwd)
+    return None if whole is None or bare is None else whole - bare
+
+
+def import_instruction_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    rows: list[dict] = []
+    if not valgrind():
+        return rows
+    off = {**env, "SHAREDFS_DISABLE": "1"}
+    # Both sides at once (2 cores): a count does not depend on what else runs.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for name, statement in FRAMEWORKS.items():
+            if (args.only and not any(o in name for o in args.only)) or name == "xtuner":
+                continue  # xtuner: its own venv and a 6 s import, ~10 min under valgrind
+            log(f"{name}: instructions of the import, with and without sharedfs (callgrind) ...")
+            try:
+                ours_f = pool.submit(_import_instructions, statement, env, sys.executable)
+                theirs_f = pool.submit(_import_instructions, statement, off, sys.executable)
+                ours, theirs = ours_f.result(), theirs_f.result()
+            except RuntimeError as exc:
+                log(f"{name}: not counted ({str(exc).splitlines()[0]})")
+                continue
+            if ours is None or theirs is None:
+                continue
+            ratio = ours / theirs
+            rows.append(row(f"first import: {name} (`{statement}`), instructions (callgrind), sharedfs vs "
+                            "SHAREDFS_DISABLE=1", ours, theirs, "instr", "<= 1.03", at_most(ratio, 1.03),
+                            ratio=ratio, note=f"sharedfs adds {ours - theirs:,} instructions; each side is "
+                                              "`python -c <import>` minus `python -c pass`, one run (counts repeat)"))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40, help="python -c pass runs per venv")
@@ -270,6 +316,8 @@ def main() -> int:
         args.runs, args.import_runs = 8, 3
     env = clean_env()
     rows = (startup_rows(args, env) if args.startup else []) + (import_rows(args, env) if args.imports else [])
+    if args.imports and args.callgrind:
+        rows += import_instruction_rows(args, env)
     return emit(rows, args.json, "start-up and first imports")
 
 
