@@ -54,6 +54,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
+from dataclasses import asdict, fields
 from typing import Any
 
 from sharedfs._policy import Layer, Policy
@@ -62,7 +63,7 @@ from sharedfs.identity import ProcessIdentity
 from sharedfs.publish import publish
 from sharedfs.records import HolderRecord
 from sharedfs.safefile import NOFOLLOW, read_untrusted
-from sharedfs.structs import asdict, field_names, frozen
+from sharedfs.structs import frozen
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -197,7 +198,7 @@ class SlurmFacts:
     @classmethod
     def from_json(cls, obj: Any) -> SlurmFacts | None:
         """The facts in ``obj`` (a cache file's, so untrusted), or ``None`` if it is not exactly what we write."""
-        if not isinstance(obj, dict) or set(obj) != set(field_names(cls)):
+        if not isinstance(obj, dict) or set(obj) != {f.name for f in fields(cls)}:
             return None
         ok = (_optional_text(obj["state"], 32) and _optional_text(obj["error"], 1024)
               and (obj["started"] is None or _number(obj["started"]))

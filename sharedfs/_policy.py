@@ -8,13 +8,13 @@ them and remembers where each value came from.
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import field, fields
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
 from .settings import BY_NAME, SETTINGS, default_node_id
-from .structs import field_names, frozen
+from .structs import frozen
 
 #: Priority of explicit arguments; plugin layers must stay below it.
 EXPLICIT_PRIORITY = 1000
@@ -124,9 +124,9 @@ class Policy:
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{name: {"value": ..., "source": ...}}``, JSON-serialisable (``sharedfs status --json``)."""
         return {
-            name: {"value": _jsonable(getattr(self, name)), "source": self.source(name)}
-            for name in field_names(self)
-            if name not in ("sources", "conflicts")
+            f.name: {"value": _jsonable(getattr(self, f.name)), "source": self.source(f.name)}
+            for f in fields(self)
+            if f.name not in ("sources", "conflicts")
         }
 
     def shim_disabled(self, name: str) -> bool:

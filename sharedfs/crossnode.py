@@ -31,12 +31,12 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import choices, oslocks, runtime
 from .publish import publish
-from .structs import replace
 
 __all__ = ["CrossNodeError", "run"]
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any
 
-from .structs import frozen, replace
+from .structs import frozen
 
 __all__ = [
     "KINDS",

@@ -8,9 +8,10 @@ of 1 on its own node.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from .structs import asdict, frozen
+from .structs import frozen
 
 
 @frozen

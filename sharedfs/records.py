@@ -21,9 +21,10 @@ import os
 import re
 import socket
 import time
+from dataclasses import asdict, fields
 from typing import Any, Mapping
 
-from .structs import asdict, field_names, frozen
+from .structs import frozen
 
 __all__ = ["HolderRecord", "ProcessFacts", "process_facts", "process_start_time"]
 
@@ -167,15 +168,15 @@ class HolderRecord:
         if not isinstance(obj, dict):
             return None
         values: dict[str, Any] = {}
-        for name in field_names(cls):
-            if name not in obj:
-                if name in _REQUIRED:
+        for f in fields(cls):
+            if f.name not in obj:
+                if f.name in _REQUIRED:
                     return None
                 continue
-            value = obj[name]
-            if not _SCHEMA[name](value):
+            value = obj[f.name]
+            if not _SCHEMA[f.name](value):
                 return None
-            values[name] = value
+            values[f.name] = value
         return cls(**values)
 
     def same_process_space(self) -> bool:

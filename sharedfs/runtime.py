@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any
 
 from . import envvars
@@ -21,7 +21,7 @@ from .hookspecs import NAME
 from .identity import ProcessIdentity
 from .registry import Registry
 from .settings import BY_NAME, log_level
-from .structs import mutable, replace
+from .structs import mutable
 
 log = logging.getLogger(NAME)
 _lock = threading.RLock()

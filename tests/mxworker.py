@@ -23,10 +23,11 @@ import time
 
 
 def _site_plugin(path: str) -> None:
+    from dataclasses import replace
+
     from sharedfs import runtime
     from sharedfs.fsinfo import FsInfo, mount_for
     from sharedfs.hookspecs import hookimpl
-    from sharedfs.structs import replace
 
     mount_point = mount_for(path).mount_point
 

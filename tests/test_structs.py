@@ -10,17 +10,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import pprint
 from typing import Any, Callable, ClassVar, Mapping
 
 import pytest
 
 from sharedfs import structs
 from sharedfs.structs import frozen, mutable
-
-#: dataclasses' functions, and what stands in for them on a struct.
-ASDICT: dict[str, Callable[..., Any]] = {"dataclasses": dataclasses.asdict, "sharedfs": structs.asdict}
-REPLACE: dict[str, Callable[..., Any]] = {"dataclasses": dataclasses.replace, "sharedfs": structs.replace}
-NAMES: dict[str, Callable[..., Any]] = {"dataclasses": lambda c: tuple(f.name for f in dataclasses.fields(c)), "sharedfs": structs.field_names}
 
 
 def _frozen_body(name: str) -> type:
@@ -92,7 +88,7 @@ def test_construction_matches_dataclasses(args: tuple, kwargs: dict) -> None:
         assert ours[1:] == theirs[1:]
     else:
         assert _shown(ours[1]) == _shown(theirs[1])
-        assert structs.asdict(ours[1]) == dataclasses.asdict(theirs[1])
+        assert dataclasses.asdict(ours[1]) == dataclasses.asdict(theirs[1])
 
 
 def test_frozen_semantics_match_dataclasses() -> None:
@@ -106,11 +102,14 @@ def test_frozen_semantics_match_dataclasses() -> None:
             a.x = 3
         with pytest.raises(dataclasses.FrozenInstanceError):
             del a.x
-        assert REPLACE[kind](a, z=2.0) == cls(1, "a", 2.0), kind
+        assert dataclasses.is_dataclass(a) and dataclasses.is_dataclass(cls), kind
+        assert dataclasses.replace(a, z=2.0) == cls(1, "a", 2.0), kind
         with pytest.raises(TypeError, match="unexpected keyword argument 'w'"):
-            REPLACE[kind](a, w=1)
-        assert NAMES[kind](a) == NAMES[kind](cls) == ("x", "y", "z", "tags", "note"), kind
-        assert ASDICT[kind](a) == {"x": 1, "y": "a", "z": 0.5, "tags": {"k": "v"}, "note": ""}, kind
+            dataclasses.replace(a, w=1)
+        assert [f.name for f in dataclasses.fields(a)] == ["x", "y", "z", "tags", "note"], kind
+        assert [f.name for f in dataclasses.fields(cls)] == ["x", "y", "z", "tags", "note"], kind
+        assert dataclasses.asdict(a) == {"x": 1, "y": "a", "z": 0.5, "tags": {"k": "v"}, "note": ""}, kind
+        assert pprint.pformat(a) == repr(a), kind
         assert cls.z == 0.5 and cls.note == "" and not hasattr(cls, "tags"), kind  # class attributes as dataclasses leaves them
         assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a, kind
         assert cls(1, "a").tags is not cls(1, "a").tags, kind  # a fresh factory value each time
@@ -187,3 +186,24 @@ def test_a_method_the_class_writes_is_kept() -> None:
 
     for cls in (dataclasses.dataclass(frozen=True)(body()), frozen(body())):
         assert repr(cls("a")) == "<a>" and hash(cls("a")) == 7
+
+
+def test_without_dataclasses_private_field_mark_dataclasses_collects_the_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dataclasses._FIELD`` is private: were it gone, the fields come from dataclasses itself, same behaviour."""
+    monkeypatch.setattr(structs, "_FIELD", None)
+    cls = frozen(_frozen_body("PointFallback"))
+    a = cls(1, "a", tags={"k": "v"})
+    assert a == cls(1, "a") and hash(a) == hash(cls(1, "a", note="n")) and a != cls(2, "a")
+    assert dataclasses.replace(a, z=2.0).z == 2.0
+    assert [f.name for f in dataclasses.fields(a)] == ["x", "y", "z", "tags", "note"]
+    assert _shown(a) == _shown(PointDC(1, "a"))
+
+
+def test_a_site_plugin_replaces_fields_of_the_kernels_structs_with_dataclasses() -> None:
+    """docs/architecture.md's plugin example: ``dataclasses.replace`` on the FsInfo the kernel built."""
+    from sharedfs.fsinfo import COHERENT, mount_for
+    from sharedfs.plugins.filesystem import classify
+
+    info = classify(mount_for("/"))
+    changed = dataclasses.replace(info, flock=COHERENT, notes=("site configuration",))
+    assert changed.flock == COHERENT and changed.notes == ("site configuration",) and changed.mount == info.mount

@@ -33,6 +33,7 @@ import random
 import threading
 import time
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import filelock
@@ -43,7 +44,6 @@ from ..errors import ConfigError, LockTimeout
 from ..log import decision
 from ..settings import LOCK_KINDS
 from ..standin import unwrap
-from ..structs import replace
 from . import _marker
 from ._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 
