@@ -116,8 +116,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Callable
 
-from . import errors, teamfiles
-from .errors import UnsafeDirectoryError, WaitTimeout
+from . import teamfiles
+from .errors import LockTimeout, UnsafeDirectoryError, WaitTimeout
 from .publish import fsync_dir
 from .records import HolderRecord
 from .safefile import NOFOLLOW, create_exclusive, read_untrusted, write_all
@@ -947,7 +947,7 @@ def evictor(cache_dir: str, policy: Policy | None = None) -> Iterator[bool]:
     guard = lock(lay.part("evict.lock"), timeout=0, policy=current)
     try:
         guard.acquire()
-    except errors.LockTimeout:  # (looked up only when something was raised: filelock stays unloaded)
+    except LockTimeout:
         yield False  # another process is evicting this cache right now
         return
     try:
@@ -1002,7 +1002,7 @@ def try_evict(path: str, policy: Policy | None = None) -> bool:
     guard = shard_lock(path, policy=current)
     try:
         guard.acquire(timeout=0)
-    except errors.LockTimeout:
+    except LockTimeout:
         return False  # being downloaded or opened right now (or another shard of its stripe is)
     try:
         if readers(path, current):  # re-check under the lock: a reader may have arrived
@@ -1066,7 +1066,7 @@ def _sweep_shard(lay: Layout, shard_key: str, what: set[str], policy: Policy, no
     guard = lock(lay.stripe_lock(shard_key), timeout=0, policy=policy)
     try:
         guard.acquire()
-    except errors.LockTimeout:
+    except LockTimeout:
         return  # someone downloads or evicts a shard of this stripe: next time
     try:
         if "tmp" in what:
