@@ -9,6 +9,8 @@ environment, so the only difference is sharedfs.
   ``import datasets`` are benchmarks/startup.py's business), alternating sharedfs and stock
   (ABBA); the ratio is the median of per-pair ratios.  Goal <= 1.05.  The note gives the
   CPU-time ratio, which a loaded machine disturbs less.
+  Also counted under callgrind (user-space instructions, which repeat exactly on a noisy
+  machine; system calls are not in that figure).
 * **cold**: N processes (default 8) released at the same moment prepare the same dataset into
   one empty cache; wall time from release to the last process done, against one process
   preparing alone.  With sharedfs one rank prepares and maps, the others wait and load.
@@ -33,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import alternate, at_most, clean_env, emit, log, median, paired_ratio, row
+from _common import alternate, at_most, clean_env, emit, instructions, log, median, paired_ratio, row, valgrind
 
 WORKER = r"""
 import json, os, sys, time
@@ -49,6 +51,17 @@ ds = datasets.load_dataset("json", data_files=data, cache_dir=cache, split="trai
 ds = ds.map(lambda batch: {"y": [x * 2 for x in batch["x"]]}, batched=True)
 end, cpu = time.time(), time.process_time() - cpu
 print(json.dumps({"start": start, "end": end, "cpu": cpu, "rows": len(ds)}))
+"""
+
+
+#: The warm calls alone, for instruction counts: run with "import" (only the import) or "load".
+COUNT = r"""
+import sys
+import datasets
+datasets.disable_progress_bars()
+if sys.argv[3] == "load":
+    ds = datasets.load_dataset("json", data_files=sys.argv[1], cache_dir=sys.argv[2], split="train")
+    ds = ds.map(lambda batch: {"y": [x * 2 for x in batch["x"]]}, batched=True)
 """
 
 
@@ -75,7 +88,7 @@ def run_group(data: Path, cache: Path, procs: int, sharedfs: bool, work: Path) -
             "cpu": sum(r["cpu"] for r in reports), "cpu_one": reports[0]["cpu"]}
 
 
-def warm(data: Path, work: Path, runs: int) -> list[dict]:
+def warm(data: Path, work: Path, runs: int, count: bool = True) -> list[dict]:
     cache = work / "warm-cache"
     run_group(data, cache, 1, True, work)  # prepare once; every timed run below is a cache hit
     run_group(data, cache, 1, False, work)
@@ -84,9 +97,33 @@ def warm(data: Path, work: Path, runs: int) -> list[dict]:
     paired, spread = paired_ratio([x["wall"] for x in a], [y["wall"] for y in b])
     cpu = median([x["cpu_one"] for x in a]) / median([y["cpu_one"] for y in b])
     ours, theirs = median([x["wall"] for x in a]) * 1e3, median([y["wall"] for y in b]) * 1e3
-    return [row("warm load_dataset + cached map, local disk (vs SHAREDFS_DISABLE=1)", ours, theirs, "ms", "<= 1.05",
+    rows = [row("warm load_dataset + cached map, local disk (vs SHAREDFS_DISABLE=1)", ours, theirs, "ms", "<= 1.05",
                 at_most(paired, 1.05), ratio=paired, samples=len(a), spread=spread, cpu_ratio=cpu,
                 note=f"ratio: median of per-pair ratios; CPU-time ratio {cpu:.3f}")]
+    counted = warm_instructions(data, cache) if count and valgrind() else None
+    if counted is not None:
+        ours_i, theirs_i = counted
+        rows.append(row("warm load_dataset + cached map, instructions (callgrind), vs SHAREDFS_DISABLE=1", ours_i,
+                        theirs_i, "instr", "<= 1.05", at_most(ours_i / theirs_i, 1.05), ratio=ours_i / theirs_i,
+                        note=f"sharedfs adds {ours_i - theirs_i:,} instructions (system calls not counted: the wall "
+                             "figure has them); each side: the process with the calls minus the process without"))
+    return rows
+
+
+def warm_instructions(data: Path, cache: Path) -> tuple[int, int] | None:
+    """User-space instructions of the warm calls with sharedfs and without (they repeat exactly)."""
+    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # numpy's idle BLAS threads spin under valgrind
+    counts = []
+    for sharedfs in (True, False):
+        side = {**child_env(sharedfs), **env}
+        subprocess.run([sys.executable, "-c", COUNT, str(data), str(cache), "load"], env=side, check=True,
+                       capture_output=True)  # this script's map fingerprint: cached before counting
+        load = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "load"], side)
+        bare = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "import"], side)
+        if load is None or bare is None:
+            return None
+        counts.append(load - bare)
+    return counts[0], counts[1]
 
 
 def cold(data: Path, work: Path, procs: int, repeats: int) -> list[dict]:
@@ -139,7 +176,7 @@ def main() -> int:
             for i in range(args.rows):
                 fh.write(json.dumps({"x": i, "text": f"row {i} " * 4}) + "\n")
         log(f"warm: {args.runs} alternating runs per side ...")
-        rows = warm(data, work, args.runs) + (cold(data, work, args.procs, args.repeats) if args.cold else [])
+        rows = warm(data, work, args.runs, count=not args.quick) + (cold(data, work, args.procs, args.repeats) if args.cold else [])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return emit(rows, args.json, f"datasets ({args.rows:,} rows)")
