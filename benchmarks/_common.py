@@ -144,12 +144,14 @@ def instructions(argv: Sequence[str], env: dict[str, str] | None = None, cwd: st
 
     Counts exclude the kernel's share of system calls: compare them for the Python-level work
     around the calls, and time the calls themselves.  PYTHONHASHSEED is fixed so that set and
-    dict layouts, hence the counts, repeat exactly.
+    dict layouts, hence the counts, repeat exactly, and BLAS/OpenMP use one thread: numpy's idle
+    BLAS threads spin, and callgrind counts the spinning.
     """
     tool = valgrind()
     if tool is None:
         return None
-    env = dict(os.environ if env is None else env, PYTHONHASHSEED="0")
+    env = dict(os.environ if env is None else env, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
     proc = subprocess.run([tool, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], env=env, cwd=cwd,
                           capture_output=True, text=True)
     if proc.returncode != 0:

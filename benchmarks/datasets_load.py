@@ -112,10 +112,9 @@ def warm(data: Path, work: Path, runs: int, count: bool = True) -> list[dict]:
 
 def warm_instructions(data: Path, cache: Path) -> tuple[int, int] | None:
     """User-space instructions of the warm calls with sharedfs and without (they repeat exactly)."""
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # numpy's idle BLAS threads spin under valgrind
     counts = []
     for sharedfs in (True, False):
-        side = {**child_env(sharedfs), **env}
+        side = child_env(sharedfs)
         subprocess.run([sys.executable, "-c", COUNT, str(data), str(cache), "load"], env=side, check=True,
                        capture_output=True)  # this script's map fingerprint: cached before counting
         load = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "load"], side)

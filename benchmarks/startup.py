@@ -261,13 +261,8 @@ def import_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     return rows
 
 
-#: Environment for instruction counts: numpy's BLAS threads spin while idle, which callgrind counts.
-DETERMINISTIC = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 def _import_instructions(statement: str, env: dict[str, str], python: str) -> int | None:
     """Instructions of ``statement`` in a fresh interpreter: ``python -c statement`` minus ``python -c pass``."""
-    env = {**env, **DETERMINISTIC}
     cwd = tempfile.gettempdir()
     whole, bare = instructions([python, "-c", statement], env, cwd=cwd), instructions([python, "-c", "pass"], env, cwd=cwd)
     return None if whole is None or bare is None else whole - bare
