@@ -29,7 +29,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.sharedfs-setup"
-want="$(cat pyproject.toml scripts/requirements-test.txt | sha1sum)"
+# The install copies autoload/ into site-packages (hatch_build.py), so a changed .pth reinstalls too.
+want="$(cat pyproject.toml hatch_build.py autoload/sharedfs.pth autoload/sharedfs.start scripts/requirements-test.txt | sha1sum)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing sharedfs and the test requirements into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' -r scripts/requirements-test.txt

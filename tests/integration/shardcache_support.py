@@ -170,15 +170,17 @@ def sharedfs_before(dest: Path) -> dict[str, str]:
     if archive.returncode != 0:
         skip_or_fail(f"commit {BEFORE[:7]} is not in this clone: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    # The installed sharedfs.pth runs `import _sharedfs_bootstrap` at start-up; on PYTHONPATH this one
-    # comes first and does what that version's .pth did: import its package's own bootstrap.
-    # Importing the package here, before the script's directory joins sys.path, also keeps a
-    # checkout in the working directory from shadowing it.
+    # The installed sharedfs.pth runs `import _sharedfs_bootstrap` at start-up (and importing it
+    # installs it); on PYTHONPATH this one comes first and does what that version's .pth did:
+    # import its package's own bootstrap and install it.  Importing the package here, before the
+    # script's directory joins sys.path, also keeps a checkout in the working directory from
+    # shadowing it.  install() is kept for the older .pth line that also called it.
     (dest / "_sharedfs_bootstrap.py").write_text(
         '"""The autoload of sharedfs at %s (its .pth imported the package itself)."""\n'
         "import sharedfs._bootstrap\n\n\n"
         "def install():\n"
-        "    sharedfs._bootstrap.install()\n" % BEFORE[:7])
+        "    sharedfs._bootstrap.install()\n\n\n"
+        "install()\n" % BEFORE[:7])
     for path in [dest, *dest.rglob("*")]:  # readable by the throwaway users too
         path.chmod(0o755 if path.is_dir() else 0o644)
     return {"PYTHONPATH": str(dest)}
