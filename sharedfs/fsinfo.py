@@ -164,6 +164,8 @@ def _split_options(text: str) -> list[str]:
     SELinux contexts are printed quoted because they contain commas, e.g.
     ``context="system_u:object_r:container_file_t:s0:c1,c2"``.
     """
+    if '"' not in text:  # the common case: nothing quoted, a plain split says the same
+        return [part for part in text.split(",") if part]
     parts: list[str] = []
     current: list[str] = []
     quoted = False
@@ -217,18 +219,24 @@ def _parse_line(line: str) -> Mount:
     )
 
 
-def parse_mountinfo(text: str) -> list[Mount]:
+def parse_mountinfo(text: str, device: str | None = None) -> list[Mount]:
     """Parse the text of ``/proc/<pid>/mountinfo`` into mounts, in file order.
 
     File order matters: a later mount at the same mount point shadows an
     earlier one.  A line that does not parse is skipped rather than hiding
     every other mount (the kernel appends new fields as optional fields, which
-    this parser already tolerates).
+    this parser already tolerates).  ``device`` (``"major:minor"``) keeps only
+    that device's lines, which are then the only ones parsed: a node with
+    hundreds of mounts pays for the one a lock is on.
     """
     mounts: list[Mount] = []
     for line in text.splitlines():
         if not line.strip():
             continue
+        if device is not None:
+            fields = line.split(None, 3)
+            if len(fields) < 3 or fields[2] != device:
+                continue
         try:
             mounts.append(_parse_line(line))
         except (ValueError, IndexError):
@@ -323,11 +331,11 @@ def _innermost(mounts: tuple[Mount, ...], path: str) -> Mount | None:
     return best
 
 
-def _read_mountinfo() -> list[Mount]:
+def _read_mountinfo(device: str | None = None) -> list[Mount]:
     try:
         with open(MOUNTINFO, "rb") as f:
             # Paths are bytes; surrogateescape keeps undecodable ones usable with os.*.
-            return parse_mountinfo(os.fsdecode(f.read()))
+            return parse_mountinfo(os.fsdecode(f.read()), device)
     except OSError:
         return []
 
@@ -354,15 +362,14 @@ def mount_for(path: str | os.PathLike[str]) -> Mount:
     mounts = _cache.get(dev)
     if mounts is None:
         device = f"{os.major(dev)}:{os.minor(dev)}"
-        table = _read_mountinfo()
-        same_device = tuple(m for m in table if m.device == device)
+        same_device = _read_mountinfo(device)
         magic = statfs_magic(existing)
         if same_device:
             mounts = tuple(replace(m, magic=magic) for m in same_device)
         else:
             # btrfs subvolumes (and a few others) report an st_dev that
             # mountinfo does not list: fall back to the plain prefix match.
-            mounts = tuple(replace(m, magic=magic) for m in table)
+            mounts = tuple(replace(m, magic=magic) for m in _read_mountinfo())
         if not mounts:
             mounts = (Mount(mount_point="/", fstype="unknown", device=device, magic=magic),)
         _cache[dev] = mounts

@@ -73,7 +73,8 @@ def _collect(cls: Any, frozen: bool) -> dict[str, Field[Any]]:
 class _Spec:
     """One class's fields, read once, when it is made."""
 
-    __slots__ = ("names", "defaults", "factories", "compared", "hashed", "shown", "post_init")
+    __slots__ = ("names", "positions", "defaults", "factories", "compared", "hashed", "shown", "post_init", "direct",
+                 "assign")
 
     def __init__(self, cls: Any, frozen: bool) -> None:
         if any(hasattr(base, "__struct__") for base in cls.__mro__[1:]):
@@ -99,42 +100,59 @@ class _Spec:
                 if wanted:
                     into.append(name)
         self.names, self.compared, self.hashed, self.shown = tuple(names), tuple(compared), tuple(hashed), tuple(shown)
+        self.positions = {name: at for at, name in enumerate(names)}
         self.post_init = hasattr(cls, "__post_init__")
+        # The generated __init__ assigns through object.__setattr__ (frozen) or ``self.name = value``
+        # (the class's own __setattr__, if any); for a class whose fields are plain instance
+        # attributes either is a store into the instance's __dict__, which a few C-level updates do
+        # at once (Mount: one per line of the mount table).
+        self.assign = _set if frozen else setattr
+        plain = frozen or all("__setattr__" not in vars(base) for base in cls.__mro__[:-1])
+        self.direct = plain and not any(hasattr(getattr(cls, name, None), "__set__") for name in names) and \
+            "__slots__" not in cls.__dict__
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     spec: _Spec = self.__struct__
     names = spec.names
-    if len(args) > len(names):
+    given = len(args)
+    if given > len(names):
         required = len(names) - len(spec.defaults) - len(spec.factories)
         takes = f"{len(names) + 1}" if required == len(names) else f"from {required + 1} to {len(names) + 1}"
         raise TypeError(f"{type(self).__qualname__}.__init__() takes {takes} positional arguments "
-                        f"but {len(args) + 1} were given")
-    for name, value in zip(names, args):
-        _set(self, name, value)
-    for name, value in kwargs.items():
-        if name not in names:
+                        f"but {given + 1} were given")
+    positions = spec.positions
+    for name in kwargs:
+        at = positions.get(name)
+        if at is None:
             raise TypeError(f"{type(self).__qualname__}.__init__() got an unexpected keyword argument {name!r}")
-        if names.index(name) < len(args):
+        if at < given:
             raise TypeError(f"{type(self).__qualname__}.__init__() got multiple values for argument {name!r}")
-        _set(self, name, value)
-    if len(args) + len(kwargs) < len(names):
-        missing = []
-        for name in names[len(args):]:
-            if name in kwargs:
-                continue
-            if name in spec.defaults:
-                _set(self, name, spec.defaults[name])
-            elif name in spec.factories:
-                _set(self, name, spec.factories[name]())
-            else:
-                missing.append(name)
+    if given == len(names):
+        bound = dict(zip(names, args))
+    else:  # keywords and defaults, put in field order as the generated __init__ assigns them
+        missing = [name for name in names[given:]
+                   if name not in kwargs and name not in spec.defaults and name not in spec.factories]
         if missing:
             quoted = [repr(m) for m in missing]
             listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ("," if len(quoted) > 2 else "") \
                 + f" and {quoted[-1]}"
             raise TypeError(f"{type(self).__qualname__}.__init__() missing {len(missing)} required positional "
                             f"argument{'s' if len(missing) > 1 else ''}: {listed}")
+        bound = dict(zip(names, args))
+        for name in names[given:]:
+            if name in kwargs:
+                bound[name] = kwargs[name]
+            elif name in spec.defaults:
+                bound[name] = spec.defaults[name]
+            else:
+                bound[name] = spec.factories[name]()
+    if spec.direct:
+        self.__dict__.update(bound)
+    else:
+        assign = spec.assign
+        for name, value in bound.items():
+            assign(self, name, value)
     if spec.post_init:
         self.__post_init__()
 

@@ -142,6 +142,33 @@ def test_parse_mountinfo_skips_a_malformed_line_without_hiding_the_rest() -> Non
     assert len(parse_mountinfo(text)) == len(EXPECTED)
 
 
+def test_parse_mountinfo_of_one_device_is_the_whole_tables_lines_of_that_device() -> None:
+    # mount_for reads only the lines of the device a lock is on (a node may list hundreds of
+    # mounts); what it gets must be what parsing everything and filtering would give.
+    mounts = parse_mountinfo(SAMPLE)
+    for device in {m.device for m in mounts}:
+        assert parse_mountinfo(SAMPLE, device) == [m for m in mounts if m.device == device], device
+    assert parse_mountinfo("garbage\n\n36 35\n" + SAMPLE, "0:52") == [_by_mount_point()["/lustre/scratch"]]
+    assert parse_mountinfo(SAMPLE, "999:999") == []
+
+
+def test_unquoted_options_split_as_the_quote_aware_splitter_does() -> None:
+    from sharedfs.fsinfo import _split_options
+
+    for text in ("rw,relatime", "rw,,vers=3,,", ",", "", "a=b=c,d", 'x,context="a,b",y'):
+        slow = []  # the quote-aware character loop the plain split stands in for
+        current, quoted = "", False
+        for char in text:
+            quoted = not quoted if char == '"' else quoted
+            if char == "," and not quoted:
+                slow.append(current)
+                current = ""
+            else:
+                current += char
+        slow.append(current)
+        assert _split_options(text) == [part for part in slow if part], text
+
+
 def test_parse_mountinfo_of_this_machine() -> None:
     with open("/proc/self/mountinfo") as f:
         mounts = parse_mountinfo(f.read())

@@ -127,6 +127,28 @@ def test_mutable_semantics_match_dataclasses() -> None:
             hash(box)
 
 
+def test_init_assigns_through_a_mutable_classs_own_setattr_as_dataclasses_does() -> None:
+    # Plain classes get their fields stored straight into __dict__ (a few C-level updates); a
+    # class with its own __setattr__ or a data descriptor on a field must still see every
+    # assignment, as the generated __init__ makes them.
+    def body(name: str) -> type:
+        class Audited:
+            size: int
+            label: str = "x"
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                object.__setattr__(self, "seen", [*getattr(self, "seen", []), name])
+                object.__setattr__(self, name, value)
+
+        Audited.__name__ = Audited.__qualname__ = name
+        return Audited
+
+    ours, theirs = mutable(body("AuditedS"))(1, label="y"), dataclasses.dataclass(body("AuditedDC"))(1, label="y")
+    assert ours.seen == theirs.seen == ["size", "label"]
+    assert (ours.size, ours.label) == (theirs.size, theirs.label) == (1, "y")
+    assert PointS.__struct__.direct and not type(ours).__struct__.direct
+
+
 def test_unsupported_fields_are_refused_when_the_class_is_made() -> None:
     class Late:
         """A required field after a defaulted one."""
