@@ -143,9 +143,11 @@ def test_init_assigns_through_a_mutable_classs_own_setattr_as_dataclasses_does()
         Audited.__name__ = Audited.__qualname__ = name
         return Audited
 
-    ours, theirs = mutable(body("AuditedS"))(1, label="y"), dataclasses.dataclass(body("AuditedDC"))(1, label="y")
-    assert ours.seen == theirs.seen == ["size", "label"]
-    assert (ours.size, ours.label) == (theirs.size, theirs.label) == (1, "y")
+    ours_cls, theirs_cls = mutable(body("AuditedS")), dataclasses.dataclass(body("AuditedDC"))
+    for args, kwargs in (((1,), {"label": "y"}), ((), {"label": "y", "size": 1}), ((1,), {})):
+        ours, theirs = ours_cls(*args, **kwargs), theirs_cls(*args, **kwargs)
+        assert ours.seen == theirs.seen == ["size", "label"], (args, kwargs)  # every field, in field order
+        assert (ours.size, ours.label) == (theirs.size, theirs.label), (args, kwargs)
     assert PointS.__struct__.direct and not type(ours).__struct__.direct
 
 
