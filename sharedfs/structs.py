@@ -106,7 +106,7 @@ class _Spec:
         # The generated __init__ assigns through object.__setattr__ (frozen) or ``self.name = value``
         # (the class's own __setattr__, if any); for a class whose fields are plain instance
         # attributes either is a store into the instance's __dict__, which a few C-level updates do
-        # at once (Mount: one per line of the mount table).
+        # at once (Mount: one per mount-table line parsed).
         self.assign = _set if frozen else setattr
         plain = frozen or all("__setattr__" not in vars(base) for base in cls.__mro__[:-1])
         self.direct = plain and not any(hasattr(getattr(cls, name, None), "__set__") for name in names) and \
