@@ -146,6 +146,60 @@ def test_a_forked_child_neither_releases_nor_holds_its_parents_lock(tmp_path: Pa
         proc.wait(timeout=30)
 
 
+CHILD_RETAKES = """
+import os, sys, sharedfs
+path = sys.argv[1]
+with sharedfs.lock(path, kind="posix"):  # the parent has held (and released) a lock before forking
+    pass
+pid = os.fork()
+if pid == 0:
+    lock = sharedfs.lock(path, kind="posix", timeout=0)
+    try:
+        for _ in range(2):  # the second take needs the first release to have let go of everything
+            lock.acquire()
+            lock.release()
+    except sharedfs.LockTimeout:
+        os._exit(3)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_releases_the_locks_it_takes_itself(tmp_path: Path) -> None:
+    # A release skips the unlock when the hold was taken by another process (the parent of a fork).
+    # A hold records its taker's pid from a value kept current across forks (no system call per
+    # take): had the child kept its parent's, its own release would take the hold for its parent's,
+    # leave the posix lock's in-process guard taken, and its next take would time out.
+    out = subprocess.run([sys.executable, "-c", CHILD_RETAKES, str(tmp_path / "c.lock")], capture_output=True,
+                         text=True, env=clean_env(), timeout=60)
+    assert out.stdout.strip() == "0", out.stderr
+
+
+def test_a_threads_wait_ends_with_its_acquire_timed_out_or_not(tmp_path: Path, fresh_runtime) -> None:
+    # Uncontended attempts skip the thread-local wait state while no thread of the process waits
+    # (a count of waiting threads): the count must come back to 0 however a wait ends.
+    holder = sharedfs.lock(tmp_path / "w.lock", kind="soft")
+    lock = sharedfs.lock(tmp_path / "w.lock", kind="soft", poll_interval=0.01)
+    state = lock._sharedfs()
+    holder.acquire()
+    with pytest.raises(sharedfs.LockTimeout):
+        lock.acquire(timeout=0.1)
+    assert state.waiting == 0 and not state.waits.missed
+    waiting: list[int] = []
+    taker = threading.Thread(target=lambda: (lock.acquire(timeout=10), lock.release()))
+    taker.start()
+    deadline = time.monotonic() + 5
+    while not state.waiting and time.monotonic() < deadline:
+        time.sleep(0.005)
+    waiting.append(state.waiting)
+    holder.release()
+    taker.join(10)
+    assert waiting == [1] and state.waiting == 0
+    with lock:  # and an uncontended take after all that
+        assert lock.is_locked
+
+
 # -- 4. threads sharing one lock object -------------------------------------------------------------
 
 

@@ -49,6 +49,21 @@ _LOCK_FILE_FLAGS = os.O_RDWR | os.O_CREAT | NOFOLLOW
 #: The mode filelock >= 4 uses when none is given: 0o666 filtered by the umask (and default ACLs).
 DEFAULT_MODE = 0o666
 
+#: This process's id, kept current across forks (os.register_at_fork): what a new hold records as
+#: its taker.  os.getpid() is a system call (~0.25 us on a VM); a cycle asked it three times, and
+#: now once, when releasing: that check stays a system call so that it holds even in a child forked
+#: without Python's fork hooks (a child that kept a stale PID then fails closed: it leaves its own
+#: locks to the close of their descriptors, and never unlocks a parent's).
+PID = os.getpid()
+
+
+def _new_pid_in_child() -> None:
+    global PID
+    PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_new_pid_in_child)
+
 
 class NativeLockRefused(OSError):
     """The filesystem refused a native lock (ENOSYS, ENOLCK): its classification was wrong, or lockd died."""
@@ -86,11 +101,11 @@ class Hold:
 
     __slots__ = ("fd", "kind", "pid", "marker_fd", "lease", "thread_lock", "gate", "identity")
 
-    def __init__(self, fd: int, kind: Any, *, marker_fd: int | None = None, lease: Any = None,
+    def __init__(self, fd: int, kind: Any, marker_fd: int | None = None, lease: Any = None,
                  thread_lock: threading.Lock | None = None, identity: tuple[int, int] | None = None) -> None:
         self.fd = fd
         self.kind = kind  # the Kind instance that took it (a run-time fallback may change the lock's kind)
-        self.pid = os.getpid()
+        self.pid = PID
         self.marker_fd = marker_fd
         self.lease = lease
         self.thread_lock = thread_lock
@@ -352,7 +367,7 @@ class Native:
                     return None
                 if current.st_ino != st.st_ino or current.st_dev != st.st_dev:
                     return None
-            candidate_hold = Hold(fd, self, thread_lock=thread_lock, identity=(st.st_dev, st.st_ino))
+            candidate_hold = Hold(fd, self, None, None, thread_lock, (st.st_dev, st.st_ino))
             if self.target.choice.marker or shared:
                 # A shared lock proves nothing about a marker's holder (other readers hold one too).
                 taken = take_marker(self.target, native_held=not shared, holder_alive=self.holder_alive)
@@ -374,15 +389,16 @@ class Native:
     def release(self, hold: Hold) -> None:
         if hold.marker_fd is not None:
             drop_marker(hold, self.target)
+        ours = hold.pid == os.getpid()  # flock is shared with a forked child's copy: the child must not unlock
         try:
-            if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
+            if ours:
                 if self.how == "flock":
                     flock(hold.fd, LOCK_UN)
                 else:
                     oslocks.unlock(hold.fd, self.how)
         finally:
             os.close(hold.fd)
-            if hold.thread_lock is not None and hold.pid == os.getpid():
+            if hold.thread_lock is not None and ours:
                 hold.thread_lock.release()
 
 
@@ -401,7 +417,7 @@ class Existence:
         if taken is None:
             return None
         fd, lease = taken
-        return Hold(fd, self, marker_fd=fd, lease=lease)
+        return Hold(fd, self, fd, lease)
 
     def release(self, hold: Hold) -> None:
         drop_marker(hold, self.target)
