@@ -116,6 +116,7 @@ def status_report() -> dict[str, Any]:
     from . import activation, runtime, standin
     from .errors import ConfigError
     from .nodelocal import root_of
+    from .onimport import FOLLOWERS
 
     report: dict[str, Any] = {
         "version": __version__,
@@ -155,6 +156,7 @@ def status_report() -> dict[str, Any]:
             "enabled": current is not None and not current.shim_disabled(name),
             "applied": shim.applied,
             "waiting_for_first_lock": name in waiting,
+            "follower": name in FOLLOWERS,
             "patches": shim.patcher.changes(),
             "error": state.error,
         })
@@ -203,6 +205,8 @@ def _shim_state(shim: dict[str, Any]) -> str:
         return "applied: " + ", ".join(shim["patches"])
     if shim.get("waiting_for_first_lock"):
         return "applies on its first lock (a stand-in holds the lock class's place until then)"
+    if shim.get("follower"):
+        return f"applies on `import {shim['target']}` once another shim is applied (it acts on what they claim)"
     return f"applies on `import {shim['target']}`"
 
 

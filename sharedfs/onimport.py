@@ -17,6 +17,15 @@ import _sharedfs_bootstrap as _bootstrap
 #: True while a stand-in activates its shim: imports made meanwhile take the eager path.
 _resolving = False
 
+#: Built-in shims that only act on what another shim claimed: the DataLoader worker cap ("torch")
+#: touches only datasets that a framework shim (webdataset, wids) registered.  Importing their
+#: target alone does not load sharedfs -- ``import torch`` would pay ~20 ms (1.5 %) for a patch
+#: that cannot act -- they are applied right after the first activation that does load it (the
+#: claiming shim's), or at once when it is loaded already.
+FOLLOWERS = frozenset({"torch"})
+#: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
+_deferred: list[str] = []
+
 
 def hook_exec_module(loader: Any, fullname: str) -> None:
     """Make ``loader`` activate sharedfs right after it has executed ``fullname``."""
@@ -51,6 +60,11 @@ def activate(module_name: str) -> None:
     stand_in = _bootstrap.STAND_INS.get(module_name)
     if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
         return
+    names = {name for name, target in _bootstrap.TARGETS.items() if target == module_name}
+    if names and names <= FOLLOWERS and "sharedfs.activation" not in sys.modules:
+        if module_name not in _deferred:
+            _deferred.append(module_name)
+        return
     # The collector is held off while the kernel loads: its few thousand objects live as long as
     # the process, and in a heap the framework just filled (torch: a million objects) they tip a
     # full collection that was pending anyway -- 100 ms inside the user's import statement that
@@ -65,8 +79,7 @@ def activate(module_name: str) -> None:
         from sharedfs.activation import activate as apply_shims
 
         # Only the built-in shims for this module are imported (a shim's module: its name's first part).
-        known = apply_shims(module_name, {name.partition(".")[0] for name, target in _bootstrap.TARGETS.items()
-                                          if target == module_name})
+        known = apply_shims(module_name, {name.partition(".")[0] for name in names})
     finally:
         if paused:
             gc.enable()
@@ -74,6 +87,13 @@ def activate(module_name: str) -> None:
     new: set[str] = known - _bootstrap._targets if _bootstrap._finder is not None else set()
     _bootstrap.add_targets(new)
     for name in sorted(new):
+        if name in sys.modules:
+            activate(name)
+    while True:  # pop() is atomic: two threads activating at once never apply a follower twice
+        try:
+            name = _deferred.pop()
+        except IndexError:
+            break
         if name in sys.modules:
             activate(name)
 

@@ -250,21 +250,33 @@ LAZY_LOCKS = """
 import json, sys
 import torch
 from torch.utils.data import DataLoader
-at_import = {"filelock": "filelock" in sys.modules, "sharedfs.locks": "sharedfs.locks" in sys.modules,
-             "DataLoader patched": DataLoader.__init__.__code__.co_filename.endswith("shims/torch.py")}
+
+
+def seen():
+    return {"filelock": "filelock" in sys.modules, "sharedfs.locks": "sharedfs.locks" in sys.modules,
+            "sharedfs loaded": "sharedfs.activation" in sys.modules,
+            "DataLoader patched": DataLoader.__init__.__code__.co_filename.endswith("shims/torch.py")}
+
+
+at_import = seen()
+import webdataset  # a shim that claims datasets: sharedfs loads, and the DataLoader cap with it
+after_webdataset = seen()
 import torch.utils._filelock as tfl
-print(json.dumps({"at_import": at_import, "FileLock": tfl.FileLock.__module__,
+print(json.dumps({"at_import": at_import, "after_webdataset": after_webdataset,
                   "is drop-in": tfl.FileLock.__module__.startswith("sharedfs")}))
 """
 
 
-def test_import_torch_loads_no_lock_machinery_until_torch_loads_its_lock_module(tmp_path: Path) -> None:
-    """``import torch`` does not load filelock (44 M instructions) or sharedfs's locks for shims that lock
-    only when torch loads its own lock module; when it does, its FileLock is still sharedfs's (issue: imports
-    stay fast; the torch shim used to import sharedfs.locks, and with it filelock, at `import torch`)."""
+def test_import_torch_loads_nothing_of_sharedfs_until_a_shim_that_needs_it(tmp_path: Path) -> None:
+    """``import torch`` loads neither sharedfs (its DataLoader cap acts only on datasets a framework shim
+    claimed) nor filelock (44 M instructions); importing webdataset then applies the cap to the DataLoader
+    class already bound, and torch's lock module still gets sharedfs's FileLock (issue: imports stay fast;
+    the torch shim used to load pluggy, the plugins and the policy, ~20 ms, at `import torch`)."""
     out = subprocess.run([sys.executable, "-c", LAZY_LOCKS], capture_output=True, text=True, timeout=120,
                          env=clean_env({"SHAREDFS_CACHE_ROOT": str(tmp_path)}), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["at_import"] == {"filelock": False, "sharedfs.locks": False, "DataLoader patched": True}, seen
+    assert seen["at_import"] == {"filelock": False, "sharedfs.locks": False, "sharedfs loaded": False,
+                                 "DataLoader patched": False}, seen
+    assert seen["after_webdataset"]["sharedfs loaded"] and seen["after_webdataset"]["DataLoader patched"], seen
     assert seen["is drop-in"], seen

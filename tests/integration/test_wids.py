@@ -236,6 +236,8 @@ CAP = textwrap.dedent("""
     import json, os, sys
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[0], cpus[-1]})
+    if sys.argv[3] == "torch first":  # DataLoader imported (and bound) before wids loads sharedfs
+        from torch.utils.data import DataLoader
     import wids
     from torch.utils.data import DataLoader
     ds = wids.ShardListDataset([{"url": sys.argv[1], "nsamples": 20}], cache_dir=sys.argv[2], transformations=[])
@@ -243,12 +245,14 @@ CAP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("order", ["wids first", "torch first"])
 @pytest.mark.parametrize(("extra", "expected"), [({"SHAREDFS_DISABLE": "wids"}, 16), ({}, 2)])
-def test_worker_cap_over_a_wids_dataset(tmp_path, shards, extra: dict, expected: int) -> None:
+def test_worker_cap_over_a_wids_dataset(tmp_path, shards, extra: dict, expected: int, order: str) -> None:
     root, _ = shards
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs at least 2 CPUs to limit the affinity to 2")
-    proc = subprocess.run([sys.executable, "-c", CAP, str(root / "shard-000000.tar"), str(tmp_path)], check=False,
+    proc = subprocess.run([sys.executable, "-c", CAP, str(root / "shard-000000.tar"), str(tmp_path), order],
+                          check=False,
                           env=_env(**extra), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == expected
