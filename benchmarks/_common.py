@@ -139,19 +139,22 @@ def valgrind() -> str | None:
     return shutil.which("valgrind")
 
 
-def instructions(argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None) -> int | None:
+def instructions(argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
+                 seed: int = 0) -> int | None:
     """User-space instructions ``argv`` executes (valgrind --tool=callgrind), or None without valgrind.
 
     Counts exclude the kernel's share of system calls: compare them for the Python-level work
-    around the calls, and time the calls themselves.  PYTHONHASHSEED is fixed so that set and
-    dict layouts, hence the counts, repeat exactly, and BLAS/OpenMP use one thread: numpy's idle
+    around the calls, and time the calls themselves.  PYTHONHASHSEED is fixed (``seed``) so that
+    set and dict layouts, hence the counts, repeat exactly -- but one layout can favour one side:
+    a lock cycle counts up to +-1 % apart between seeds, for filelock as for sharedfs, so a close
+    comparison takes the median over several seeds.  BLAS/OpenMP use one thread: numpy's idle
     BLAS threads spin, and callgrind counts the spinning.
     """
     tool = valgrind()
     if tool is None:
         return None
-    env = dict(os.environ if env is None else env, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               MKL_NUM_THREADS="1")
+    env = dict(os.environ if env is None else env, PYTHONHASHSEED=str(seed), OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run([tool, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], env=env, cwd=cwd,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -161,10 +164,10 @@ def instructions(argv: Sequence[str], env: dict[str, str] | None = None, cwd: st
 
 
 def per_cycle_instructions(argv: Sequence[str], cycles: tuple[int, int], env: dict[str, str] | None = None,
-                           cwd: str | None = None) -> float | None:
+                           cwd: str | None = None, seed: int = 0) -> float | None:
     """Instructions per cycle of a loop: the difference of two runs of ``argv + [str(n)]`` over their cycles."""
-    low = instructions([*argv, str(cycles[0])], env, cwd)
-    high = instructions([*argv, str(cycles[1])], env, cwd)
+    low = instructions([*argv, str(cycles[0])], env, cwd, seed)
+    high = instructions([*argv, str(cycles[1])], env, cwd, seed)
     if low is None or high is None:
         return None
     return (high - low) / (cycles[1] - cycles[0])

@@ -164,19 +164,20 @@ def compare(ours: str, theirs: str, floor: str, directory: str, args: argparse.N
 #: instructions per cycle for the same code at two paths; 8,000 cycles: within 0.5 %), more than
 #: the differences this row judges.
 CALLGRIND_CYCLES = (2500, 10500)
-#: Processes counted per contestant (the row gives their median).  Even at 8,000 cycles one process
-#: in six counted 444 k where the others counted 440.5 k (+-0.02 %) for the same code and path form.
-CALLGRIND_PROCESSES = 3
+#: Processes counted per contestant (the row gives their median), each under its own PYTHONHASHSEED:
+#: the hash seed alone moves one lock cycle by up to +-1 % (451 k to 458 k for sharedfs, 452 k to
+#: 456 k for FileLock over four seeds), more than the difference this row judges.
+CALLGRIND_PROCESSES = 5
 
 
-def instructions_per_cycle(which: str, path: str, env: dict[str, str]) -> float | None:
+def instructions_per_cycle(which: str, path: str, env: dict[str, str], seed: int) -> float | None:
     """Instructions per cycle: the difference of two runs of CALLGRIND_CYCLES cycles, over their cycles.
 
     The window averages over the occasional resize of CPython's tables that a few cycles may or
-    may not hit.
+    may not hit; ``seed`` is the process's PYTHONHASHSEED (each contestant runs the same seeds).
     """
     return per_cycle_instructions([sys.executable, "-c", UNCONTENDED, which, path, "1", "500"], CALLGRIND_CYCLES,
-                                  env)
+                                  env, seed=seed)
 
 
 def contended(which: str, path: str, seconds: float, procs: int, env: dict[str, str]) -> dict[str, float]:
@@ -239,7 +240,7 @@ def lock_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
                      flockless, fault, 1.2)):
                 with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # valgrind is slow: use the cores
                     futures = {(w, i): pool.submit(instructions_per_cycle, w,
-                                                   os.path.join(where, f"cg-{w}-{i}.lock"), fenv)
+                                                   os.path.join(where, f"cg-{w}-{i}.lock"), fenv, i)
                                for w in (ours, theirs, floor) for i in range(CALLGRIND_PROCESSES if w != floor else 1)}
                     samples: dict[str, list[float]] = {}
                     for (w, _), future in futures.items():
@@ -254,6 +255,7 @@ def lock_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
                                 counts[theirs], "instr", f"<= {limit}", at_most(ratio, limit), floor=counts[floor],
                                 floor_what="the floor's Python loop", samples=CALLGRIND_PROCESSES,
                                 note=(f"median of {CALLGRIND_PROCESSES} processes, each with its own lock file "
+                                      f"and PYTHONHASHSEED 0..{CALLGRIND_PROCESSES - 1}, the same for both sides "
                                       f"({spread}); " if CALLGRIND_PROCESSES > 1 else "") + "user-space instructions only (the kernel's share of each system "
                                      "call is not counted); repeatable on a loaded machine"))
 
