@@ -21,8 +21,11 @@ _resolving = False
 #: touches only datasets that a framework shim (webdataset, wids) registered.  Importing their
 #: target alone does not load sharedfs -- ``import torch`` would pay ~20 ms (1.5 %) for a patch
 #: that cannot act -- they are applied right after the first activation that does load it (the
-#: claiming shim's), or at once when it is loaded already.
+#: claiming shim's), or at once when it is loaded already.  Not while a third-party plugin is
+#: installed: its shims may target the same module, and only loading sharedfs tells.
 FOLLOWERS = frozenset({"torch"})
+#: The entry-point group of third-party plugins (``registry.NAME``; tests/test_shim.py checks).
+PLUGIN_GROUP = "sharedfs"
 #: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
 _deferred: list[str] = []
 
@@ -61,7 +64,7 @@ def activate(module_name: str) -> None:
     if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
         return
     names = {name for name, target in _bootstrap.TARGETS.items() if target == module_name}
-    if names and names <= FOLLOWERS and "sharedfs.activation" not in sys.modules:
+    if names and names <= FOLLOWERS and "sharedfs.activation" not in sys.modules and not _plugins_installed():
         if module_name not in _deferred:
             _deferred.append(module_name)
         return
@@ -96,6 +99,17 @@ def activate(module_name: str) -> None:
             break
         if name in sys.modules:
             activate(name)
+
+
+def _plugins_installed() -> bool:
+    """Whether any distribution declares a sharedfs plugin (True when unsure).
+
+    A scan of the ``*.dist-info`` directories (~3 ms with a hundred distributions), which the
+    kernel reuses when it loads; never importlib.metadata here.
+    """
+    from sharedfs import distinfo
+
+    return distinfo.declares_group(PLUGIN_GROUP)
 
 
 def _stand_in(module_name: str, shim: str, attr: str) -> bool:

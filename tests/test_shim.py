@@ -91,9 +91,11 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
             declared[shim.name] = shim.target
     assert declared == _bootstrap.TARGETS
     assert (_bootstrap.DISABLE, _bootstrap.TRUE_VALUES) == (envvars.DISABLE, envvars.TRUE_VALUES)
-    from sharedfs.onimport import FOLLOWERS
+    from sharedfs.onimport import FOLLOWERS, PLUGIN_GROUP
+    from sharedfs.registry import NAME
 
     assert FOLLOWERS <= set(declared), "a follower must be a built-in shim (its target's import defers it)"
+    assert PLUGIN_GROUP == NAME, "a follower defers only while no third-party plugin is installed"
 
 
 def test_plugins_and_shims_load_once_under_one_name() -> None:

@@ -280,3 +280,46 @@ def test_import_torch_loads_nothing_of_sharedfs_until_a_shim_that_needs_it(tmp_p
                                  "DataLoader patched": False}, seen
     assert seen["after_webdataset"]["sharedfs loaded"] and seen["after_webdataset"]["DataLoader patched"], seen
     assert seen["is drop-in"], seen
+
+
+#: A site's own shim for torch (a third-party plugin, entry point group ``sharedfs``): it marks torch.hub.
+SITE_SHIM = """
+from sharedfs.hookspecs import hookimpl
+from sharedfs.shim import Shim
+
+
+class HubShim(Shim):
+    name = "mysite_torch_hub"
+    target = "torch.hub"  # imported by `import torch`
+    distribution = "torch"
+    supported = ">=1.13"
+
+    def apply(self, module, policy, context):
+        self.patcher.setattr(module, "MYSITE_PATCHED", True)
+
+
+@hookimpl
+def sharedfs_register_shims():
+    return [HubShim()]
+"""
+
+
+def test_import_torch_applies_a_third_party_shim_for_torch(tmp_path: Path) -> None:
+    """The built-in DataLoader cap waits for another shim, but a site's own shim for a torch module must not:
+    with a ``sharedfs`` entry point installed, ``import torch`` loads sharedfs, which learns the plugin's
+    targets and patches them (deferring unconditionally left torch.hub unpatched until some other framework
+    was imported, and for ever in a torch-only job)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mysite_torch.py").write_text(SITE_SHIM)
+    meta = site / "mysite_torch-1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: mysite-torch\nVersion: 1.0\n")
+    (meta / "entry_points.txt").write_text("[sharedfs]\nmysite_torch = mysite_torch\n")
+    probe = "import json, sys, torch; print(json.dumps([getattr(torch.hub, 'MYSITE_PATCHED', False), " \
+            "'sharedfs.activation' in sys.modules]))"
+    env = clean_env({"SHAREDFS_CACHE_ROOT": str(tmp_path / "cache"), "PYTHONPATH": str(site)})
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True], out.stderr[-3000:]
