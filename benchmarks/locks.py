@@ -49,7 +49,7 @@ from _common import (
 )
 
 #: benchmarks/run_all.py gives this benchmark this long (seconds) on a quiet 2-core machine.
-RUN_ALL_TIMEOUT = 2400
+RUN_ALL_TIMEOUT = 3600
 
 #: One process: ``which path rounds warm-up n`` -> JSON {"per_cycle": [seconds per cycle, one per round], "kind"}.
 UNCONTENDED = textwrap.dedent("""
