@@ -178,8 +178,10 @@ def write_markdown(results: dict[str, dict[str, Any]], info: dict[str, Any], pat
         lines.append(f"- {info['tools']}")
     if info.get("tree"):
         lines.append(f"- sharedfs from {info['tree']} (SHAREDFS_BENCH_TREE)")
+    changed = info.get("rerun_versions") or {}
     for name, when in sorted((info.get("rerun") or {}).items()):  # `--merge`: some benchmarks run again later
-        lines.append(f"- {name}: run again on {when} (`--only {name} --merge`), after the change it measures")
+        lines.append(f"- {name}: run again on {when} (`--only {name} --merge`), after the change it measures"
+                     + (f"; with {changed[name]}" if changed.get(name) else ""))
     lines += [
         "- load average (1/5/15 min) before and after each benchmark: "
         + "; ".join(f"{name} {_load(r.get('load_before'))} -> {_load(r.get('load_after'))}" for name, r in results.items()),
@@ -240,6 +242,13 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], out: Path) 
     print((out / "results.md").read_text())
 
 
+def _versions_differ(before: str, now: str) -> str:
+    """The packages of ``now`` ("name version, ...") whose version is not the one in ``before``."""
+    pairs = dict(item.rsplit(" ", 1) for item in before.split(", ") if " " in item)
+    return ", ".join(item for item in now.split(", ") if " " in item
+                     and pairs.get(item.rsplit(" ", 1)[0]) != item.rsplit(" ", 1)[1])
+
+
 def _upgrade(saved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """results.json of an older run_all (name -> [rows, seconds, error]) in today's shape."""
     results = {}
@@ -287,8 +296,12 @@ def main() -> int:
     if args.merge and (args.out / "results.json").exists():
         saved = json.loads((args.out / "results.json").read_text())
         rerun = {**(saved["machine"].get("rerun") or {}), **{name: info["date"] for name in results}}
+        # A rerun under other package versions says which: the header's versions are the first run's.
+        differs = _versions_differ(saved["machine"]["versions"], info["versions"])
+        rerun_versions = {**(saved["machine"].get("rerun_versions") or {}), **{name: differs for name in results}}
         results = {**_upgrade(saved), **results}
-        info = {**saved["machine"], "rerun": rerun}
+        info = {**saved["machine"], "rerun": rerun,
+                "rerun_versions": {name: text for name, text in rerun_versions.items() if text}}
     # Raw rows first: rendering can be redone (--render) without rerunning the benchmarks.
     (args.out / "results.json").write_text(json.dumps({"machine": info, "results": results}, indent=2))
     render(results, info, args.out)
