@@ -283,6 +283,29 @@ def _open_lock_file(target: Target) -> tuple[int, bool] | None:
         return None  # it was there, unwritable, and went away meanwhile: contention
 
 
+def _refuse_if_removable(path: str, st: os.stat_result) -> None:
+    """Fail closed on a lock file another user may remove while this process holds it.
+
+    In a sticky directory (``/tmp``) only a file's owner, the directory's owner or root removes
+    it: a lock file of a third user is hers to remove mid-hold, after which the next process
+    creates and locks a new file of that name, and two hold the lock.  filelock >= 4.2.12
+    refuses such a file for this reason, and so does the kernel's ``fs.protected_regular``
+    for ``O_CREAT`` (which the read-only fallback would otherwise step around).  Without the
+    sticky bit anyone who may create the file may also remove it, so refusing there would
+    change nothing.  Team caches are exempt: a lock file there belongs to whichever member
+    came first (docs/security.md says what members can do to each other).
+    """
+    directory = os.path.dirname(path) or "."
+    parent = os.stat(directory)  # an error here fails the acquire: cannot tell is not "safe"
+    if parent.st_mode & stat.S_ISVTX and st.st_uid != parent.st_uid:
+        owner = _user(st.st_uid)
+        raise PermissionError(errno.EACCES, f"Permission denied: the lock file belongs to {owner}, who may remove "
+                                            f"it while you hold the lock ({directory} is sticky, so only a file's "
+                                            f"owner may), and the next process would then lock a new file of that "
+                                            f"name alongside you. Lock a file in a directory of your own, or ask "
+                                            f"{owner} or an administrator to run: rm -f {path}", path)
+
+
 def _cannot_create(path: str, directory: str) -> PermissionError:
     try:
         st = os.stat(directory)
@@ -360,6 +383,8 @@ class Native:
             st = os.fstat(fd)
             if st.st_nlink == 0:
                 return None
+            if st.st_uid != os.geteuid() and target.team is None:
+                _refuse_if_removable(target.lock_file, st)
             if target.choice.marker or read_only:
                 try:
                     current = os.stat(target.lock_file)

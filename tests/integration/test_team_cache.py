@@ -365,29 +365,36 @@ def test_a_member_killed_while_preparing_leaves_the_dataset_preparable_by_the_ne
 
 # -- locks across members -----------------------------------------------------------------------------
 
-# Hold a lock until killed: sharedfs's (kind given) or, with "stock", filelock's own FileLock.
+# Hold a lock until killed: sharedfs's (kind given); with "stock", filelock's own FileLock; with
+# "raw", a bare flock on whatever file the path names (no ownership check), at once or an error.
 HOLD = textwrap.dedent("""
     import sys, time
     path, kind = sys.argv[1:3]
-    if kind == "stock":
+    if kind == "raw":
+        import fcntl, os
+        fcntl.flock(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    elif kind == "stock":
         import filelock
-        held = filelock.FileLock(path)
+        held = filelock.FileLock(path)  # kept referenced: a collected lock releases itself
+        held.acquire()
     else:
         import sharedfs
         held = sharedfs.lock(path, kind=kind, timeout=10)
-    held.acquire()
+        held.acquire()
     print("held", flush=True)
     time.sleep(600)
 """)
 
-# Try to take a lock; one JSON line: what happened and after how long.
+
+# Try to take a lock (sharedfs's, or with "stock" filelock's FileLock); one JSON line: what happened and after how long.
 TAKE = textwrap.dedent("""
     import json, sys, time
-    import sharedfs
+    import filelock, sharedfs
     path, kind, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
     started = time.monotonic()
     try:
-        with sharedfs.lock(path, kind=kind, timeout=timeout):
+        with filelock.FileLock(path, timeout=timeout) if kind == "stock" else sharedfs.lock(path, kind=kind,
+                                                                                          timeout=timeout):
             outcome = "took"
     except sharedfs.LockTimeout as exc:
         outcome = f"LockTimeout: {exc}"
@@ -455,6 +462,51 @@ def test_a_lock_file_that_cannot_be_created_fails_at_once_instead_of_waiting_for
         assert refused["outcome"].startswith("PermissionError: [Errno 13] Permission denied"), refused
         assert refused["after"] < 5
     assert f"owned by {site.a.name}" in refused["outcome"] and "chmod g+ws" in refused["outcome"]
+
+
+def test_a_lock_file_another_user_may_remove_from_a_sticky_directory_is_refused(site: Site) -> None:
+    """In a sticky, world-writable directory (``/tmp``) a lock file of a third user is hers to remove.
+
+    She creates it first; the victim's job locks it; she removes it mid-hold; the victim's
+    next process creates a new file of that name, locks it too, and two hold the lock.
+    filelock refuses such a file since 4.2.12; sharedfs took it (read-write, or read-only
+    where ``fs.protected_regular`` refuses ``O_CREAT``) and now refuses it at once.
+    """
+    tmp = site.root / "tmp-like"
+    tmp.mkdir()
+    tmp.chmod(0o1777)  # root's, sticky, world-writable: /tmp
+    lock = tmp / "job.lock"
+    site.a.run(["touch", str(lock)], umask=0o000)  # hers, 0666: anyone may open it for writing
+    assert lock.stat().st_uid == site.a.uid and stat.S_IMODE(lock.stat().st_mode) == 0o666
+
+    # The attack, against a lock that takes any file it can open: it works.
+    first = hold(site.b, lock, "raw")
+    try:
+        assert site.a.run(["rm", "-f", str(lock)]).returncode == 0  # hers to remove, held or not
+        second = hold(site.b, lock, "raw")  # a new file, locked at once: two holders
+        kill(second)
+    finally:
+        kill(first)
+    assert lock.stat().st_uid == site.b.uid
+    lock.unlink()
+
+    site.a.run(["touch", str(lock)], umask=0o000)
+    for kind in ("flock", "posix"):
+        refused, _ = take(site.b, lock, kind, 30)
+        assert refused["outcome"].startswith("PermissionError: [Errno 13] Permission denied: the lock file belongs "
+                                             f"to {site.a.name} (uid {site.a.uid})"), refused
+        assert f"{tmp} is sticky" in refused["outcome"] and f"run: rm -f {lock}" in refused["outcome"], refused
+        assert refused["after"] < 5, refused
+    stock, _ = take(site.b, lock, "stock", 5)
+    if hasattr(__import__("filelock._util")._util, "foreign_owner"):  # filelock >= 4.2.12: the same refusal
+        assert stock["outcome"].startswith("PermissionError: [Errno 13]"), stock
+
+    # A lock file of the victim's own, and one of the directory's owner, cannot be removed by her: taken.
+    (tmp / "roots.lock").touch()
+    (tmp / "roots.lock").chmod(0o666)
+    for name in ("own.lock", "roots.lock"):
+        took, _ = take(site.b, tmp / name, "flock", 10)
+        assert took["outcome"] == "took", (name, took)
 
 
 def test_a_dead_members_marker_is_broken_where_the_directory_allows_it(site: Site) -> None:
