@@ -208,14 +208,17 @@ def lock_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="sharedfs-bench-locks-") as local:
         log("uncontended flock ...")
         flock = compare("sharedfs", "FileLock", "floor-flock", local, args, env)
-        vs = flock["sharedfs"] / flock["baseline"]
+        # Judged, like the start-up and datasets rows, by the median of the per-pair ratios: each pair
+        # ran back to back, so a slow spell of the machine cancels out instead of landing on one side.
+        vs = flock["paired_ratio"]
         vs_floor = flock["sharedfs"] / flock["floor"]
         rows.append(row(f"uncontended acquire+release, local disk (sharedfs {flock['kind']} vs filelock.FileLock)",
                         flock["sharedfs"] * 1e6, flock["baseline"] * 1e6, "us",
-                        "<= 1.0, and <= 3x floor", at_most(vs, 1.0) and at_most(vs_floor, 3.0),
+                        "<= 1.0, and <= 3x floor", at_most(vs, 1.0) and at_most(vs_floor, 3.0), ratio=vs,
                         floor=flock["floor"] * 1e6, floor_what="open + flock + flock(LOCK_UN) + close",
                         samples=flock["samples"], spread=flock["spread"],
-                        note=f"median of per-pair ratios {flock['paired_ratio']:.3f}; FileLock itself is "
+                        note=f"ratio: median of per-pair ratios (the two sides' medians: "
+                             f"{flock['sharedfs'] / flock['baseline']:.3f}); FileLock itself is "
                              f"{flock['baseline'] / flock['floor']:.1f}x the floor"))
 
         from sharedfs.testing.preload import preload_env
@@ -225,12 +228,13 @@ def lock_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
         fault = preload_env([flockless], "ENOSYS", base=env)
         log("uncontended existence lock ...")
         soft = compare("sharedfs", "SoftFileLock", "floor-soft", flockless, args, fault)
-        vs = soft["sharedfs"] / soft["baseline"]
+        vs = soft["paired_ratio"]
         rows.append(row(f"uncontended, flock ENOSYS path (sharedfs {soft['kind']} vs filelock.SoftFileLock)",
-                        soft["sharedfs"] * 1e6, soft["baseline"] * 1e6, "us", "<= 1.2", at_most(vs, 1.2),
+                        soft["sharedfs"] * 1e6, soft["baseline"] * 1e6, "us", "<= 1.2", at_most(vs, 1.2), ratio=vs,
                         floor=soft["floor"] * 1e6, floor_what="open(O_EXCL) + write(record) + unlink + close",
                         samples=soft["samples"], spread=soft["spread"],
-                        note=f"median of per-pair ratios {soft['paired_ratio']:.3f}"))
+                        note=f"ratio: median of per-pair ratios (the two sides' medians: "
+                             f"{soft['sharedfs'] / soft['baseline']:.3f})"))
 
         if args.callgrind and valgrind():
             log("instructions per cycle (callgrind) ...")
