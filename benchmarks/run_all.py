@@ -243,10 +243,9 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], out: Path) 
 
 
 def _versions_differ(before: str, now: str) -> str:
-    """The packages of ``now`` ("name version, ...") whose version is not the one in ``before``."""
-    pairs = dict(item.rsplit(" ", 1) for item in before.split(", ") if " " in item)
-    return ", ".join(item for item in now.split(", ") if " " in item
-                     and pairs.get(item.rsplit(" ", 1)[0]) != item.rsplit(" ", 1)[1])
+    """The "name version" items of ``now`` that ``before`` does not list (an upgrade, or a package added)."""
+    seen = set(before.split(", "))
+    return ", ".join(item for item in now.split(", ") if item not in seen)
 
 
 def _upgrade(saved: dict[str, Any]) -> dict[str, dict[str, Any]]:
