@@ -32,6 +32,7 @@ import os
 import random
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -87,6 +88,8 @@ class _State:
         self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
         self.holds: dict[int, Hold] = {}
         self.waits = _Wait()  # per thread: when this wait began, next attempt, pause
+        #: The lock file was given as a relative path (resolved again by each acquisition).
+        self.relative = False
         #: How many threads are in a wait for this lock (``waits.missed``): while none is, an attempt
         #: reads this int instead of the thread-local (~5x dearer), as every uncontended one does.
         self.waiting = 0
@@ -132,13 +135,24 @@ class SharedFSLockMixin:
     def _sharedfs(self) -> _State:
         state = self.__dict__.get("_sharedfs_state")
         if state is None:
-            lock_file = os.path.abspath(self.lock_file)  # type: ignore[attr-defined]
+            given = os.fspath(self.lock_file)  # type: ignore[attr-defined]
+            if not given:  # abspath("") is the working directory: fail as opening "" does
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), given)
             mode = getattr(self._context, "mode", -1)  # type: ignore[attr-defined]
             policy = self._sharedfs_policy or runtime.policy()
-            state = _State(lock_file, None if mode is None or mode < 0 else mode, policy, self._sharedfs_owner)
+            state = _State(os.path.abspath(given), None if mode is None or mode < 0 else mode, policy,
+                           self._sharedfs_owner)
+            state.relative = not os.path.isabs(given)
             state = self.__dict__.setdefault("_sharedfs_state", state)
             _live.add(self)
         return state
+
+    def _sharedfs_here(self, state: _State) -> _State:
+        """A relative lock file names a file in the working directory of each acquisition, as for filelock."""
+        if state.holds or os.path.abspath(self.lock_file) == state.target.lock_file:  # type: ignore[attr-defined]
+            return state  # held (by another thread of a shared lock): the hold's file it stays
+        self.__dict__.pop("_sharedfs_state", None)
+        return self._sharedfs()
 
     @property
     def choice(self) -> LockChoice:
@@ -158,6 +172,8 @@ class SharedFSLockMixin:
 
     def _acquire(self) -> None:
         state = self.__dict__.get("_sharedfs_state") or self._sharedfs()
+        if state.relative and not (state.waiting and state.waits.missed):  # a wait keeps the file it began with
+            state = self._sharedfs_here(state)
         # Only a waiter pays for the back-off and the node gate (and for reading its thread-local).
         wait = state.waits if state.waiting and state.waits.missed else None
         if wait is not None:
@@ -173,7 +189,17 @@ class SharedFSLockMixin:
                 hold = state.kind.try_acquire()
                 break
             except NativeLockRefused as refused:
+                if not self._sharedfs_may_fall_back():
+                    raise refused.__cause__ or refused  # the filesystem's own error, as filelock raises it
                 state.fall_back(refused)
+            except FileNotFoundError:
+                # The lock file's directory is missing.  filelock creates it once per acquire (before
+                # 4.2 in the _acquire this method replaces); one that vanishes while the acquire waits
+                # fails it, rather than a second lock file being made where the holder's is not.
+                directory = os.path.dirname(state.target.lock_file)
+                if wait is not None or os.path.isdir(directory):
+                    raise
+                os.makedirs(directory, exist_ok=True)
         if hold is None:
             self._sharedfs_missed(state, time.monotonic())
             return
@@ -181,29 +207,56 @@ class SharedFSLockMixin:
             hold.gate, wait.gate = wait.gate, None
             state.end_wait(wait)
         state.holds[hold.fd] = hold  # one dict store: atomic, no guard needed
-        if self._sharedfs_tracks_fds:  # filelock >= 4 tracks descriptors for forks and signals
-            identity = hold.identity
-            if identity is None:
-                st = os.fstat(hold.fd)
-                identity = (st.st_dev, st.st_ino)
-            self._mark_descriptor_owned(hold.fd, identity)  # type: ignore[attr-defined]
-        else:  # older releases read the field only
-            self._context.lock_file_fd = hold.fd  # type: ignore[attr-defined]
+        try:
+            if self._sharedfs_tracks_fds:  # filelock >= 4 tracks descriptors for forks and signals
+                identity = hold.identity
+                if identity is None:
+                    st = os.fstat(hold.fd)
+                    identity = (st.st_dev, st.st_ino)
+                self._mark_descriptor_owned(hold.fd, identity)  # type: ignore[attr-defined]
+            else:  # older releases read the field only
+                self._context.lock_file_fd = hold.fd  # type: ignore[attr-defined]
+        except BaseException:
+            # Interrupted (a signal handler raised) before filelock recorded the hold: nobody would ever
+            # release it.  Once recorded, filelock's own rollback releases it through _release.
+            if not self.is_locked:  # type: ignore[attr-defined]
+                state.holds.pop(hold.fd, None)
+                _let_go(hold)
+            raise
+
+    def _sharedfs_may_fall_back(self) -> bool:
+        """Whether a native lock the filesystem refuses may become an existence lock for this object.
+
+        filelock >= 4.2 fails closed with the filesystem's error when asked to (``fallback_to_soft=False``),
+        when the lock file must stay (``preserve_lock_file=True``) or when ``on_acquired`` needs the
+        native lock's descriptor; so does sharedfs then.
+        """
+        settings = getattr(self, "_settings", None)
+        return settings is None or (getattr(settings, "fallback_to_soft", True) is not False
+                                    and not getattr(settings, "preserve_lock_file", False)
+                                    and getattr(settings, "on_acquired", None) is None)
 
     def _release(self) -> None:
         fd = self._context.lock_file_fd  # type: ignore[attr-defined]
         state = self.__dict__.get("_sharedfs_state") or self._sharedfs()
-        hold = state.holds.pop(fd, None)
+        # In filelock's order: unlock, then forget the hold, then close.  A signal handler that raises
+        # in between leaves a hold that filelock still reports and a retried release completes.
+        hold = state.holds.get(fd)
+        if hold is not None:
+            hold.kind.unlock(hold)
+        state.holds.pop(fd, None)
         if self._sharedfs_tracks_fds:
             self._mark_descriptor_released()  # type: ignore[attr-defined]
         else:
             self._context.lock_file_fd = None  # type: ignore[attr-defined]
         if hold is not None:
             try:
-                hold.kind.release(hold)
-            finally:
-                if hold.gate is not None:
-                    gates.leave(hold.gate)
+                _close(hold)
+            except OSError:
+                # The lock is let go; a failing close (EIO from a FUSE or bind mount, ENOSPC on NFS) is
+                # dropped as filelock's Unix FileLock drops it, unless close_error_policy="raise" (filelock >= 4.2).
+                if getattr(getattr(self, "_settings", None), "close_error_policy", "default") == "raise":
+                    raise
 
     def _sharedfs_missed(self, state: _State, now: float) -> None:
         wait = state.waits
@@ -225,6 +278,10 @@ class SharedFSLockMixin:
     # -- filelock's public method, with sharedfs's timeout message -------------------------------
 
     def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        if "poll_intervall" in kwargs and kwargs["poll_intervall"] is not None:
+            # filelock's deprecation warning names the caller's line (stacklevel=2): from here, that is ours.
+            warnings.warn("use poll_interval instead of poll_intervall", DeprecationWarning, stacklevel=2)
+            kwargs["poll_interval"] = kwargs.pop("poll_intervall")
         try:
             # The next class's acquire, looked up once per class (drop_in): no super() object per call.
             return self._sharedfs_next_acquire(*args, **kwargs)  # type: ignore[misc]
@@ -240,7 +297,12 @@ class SharedFSLockMixin:
             timeout = kwargs.get("timeout", args[0] if args else None)
             if timeout is None:
                 timeout = getattr(self, "timeout", None)
-            raise LockTimeout(self.lock_file, _timeout_message(state, timeout, kwargs.get("blocking"))) from None  # type: ignore[attr-defined]
+            blocking = kwargs.get("blocking")
+            if blocking is None:
+                blocking = getattr(self, "blocking", None)
+            # filelock's own words first (code may match them), then who holds the lock and what to do.
+            message = f"{exc} {_timeout_message(state, timeout, blocking)}"
+            raise LockTimeout(self.lock_file, message) from None  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         state = self.__dict__.get("_sharedfs_state")
@@ -251,6 +313,23 @@ class SharedFSLockMixin:
 
 class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
     """What :func:`sharedfs.lock` returns: a filelock lock whose kind suits its filesystem."""
+
+
+def _close(hold: Hold) -> None:
+    """The rest of a release whose lock is let go: its descriptor, and the node gate its wait held."""
+    try:
+        hold.kind.close(hold)
+    finally:
+        gate, hold.gate = hold.gate, None
+        if gate is not None:
+            gates.leave(gate)
+
+
+def _let_go(hold: Hold) -> None:
+    try:
+        hold.kind.unlock(hold)
+    finally:
+        _close(hold)
 
 
 def _shared(state: _State) -> bool:
@@ -271,8 +350,9 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
     target = state.target
     seen = _marker.read(target.marker)
     record = seen.record if seen is not None else None
+    # A wait without a deadline that still ended was ended by filelock itself (cancel_check, a deadlock check).
     within = "at once (blocking=False)" if blocking is False else f"within {timeout:g} s" if isinstance(
-        timeout, (int, float)) else "in time"
+        timeout, (int, float)) and timeout >= 0 else "(the wait was ended before any timeout)"
     if record is not None:
         holder = record.describe()
         hint = (_scheduler_note(record, target.policy) +
@@ -286,7 +366,7 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
     else:
         holder = "a holder that released it just now"
         hint = ""
-    return (f"could not acquire the {target.choice.kind} lock {target.lock_file} {within}; it is held by {holder}. "
+    return (f"sharedfs could not acquire the {target.choice.kind} lock {within}; it is held by {holder}. "
             f"{hint} Raise SHAREDFS_WAIT_TIMEOUT (or the timeout= you passed) to wait longer. "
             f"(Lock kind: {target.choice.reason})")
 

@@ -1,9 +1,9 @@
 """The four lock kinds: one small class each, one non-blocking attempt per call.
 
 filelock's ``BaseFileLock`` owns the waiting loop, timeouts, re-entrancy and
-thread semantics; a kind only tries once (:meth:`try_acquire`) and releases
-(:meth:`release`), the way filelock's own ``UnixFileLock`` / ``SoftFileLock``
-implement ``_acquire`` / ``_release``.
+thread semantics; a kind only tries once (:meth:`try_acquire`) and releases in
+two steps, the way filelock's own ``UnixFileLock`` does in ``_release``: :meth:`unlock`
+(safe to repeat: a release a signal handler interrupted is retried) and :meth:`close`.
 
 ==========  ==========================================  ==========================
 kind        exclusion by                                 correct across nodes when
@@ -25,12 +25,13 @@ excludes, and is excluded by, every process that can use the native lock.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import stat
 import threading
 from dataclasses import field
-from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
+from fcntl import LOCK_EX, LOCK_NB, LOCK_UN
 from typing import Any, Callable
 
 from .. import oslocks
@@ -135,11 +136,11 @@ def take_marker(target: Target, *, native_held: bool,
     for _ in range(2):  # a second try right after breaking a dead holder's marker
         try:
             fd = _marker.create(target.marker, record, target.mode)
-            settle(fd, target)
         except FileExistsError:
             if not _break_if_dead(target, native_held, holder_alive):
                 return None
             continue
+        _settle_or_undo(fd, target, target.marker)
         lease = _marker.start_lease(fd, target.marker, lease_seconds) if lease_seconds else None
         return fd, lease
     return None
@@ -197,14 +198,17 @@ def _user(uid: int) -> str:
 
 
 def drop_marker(hold: Hold, target: Target) -> None:
-    if hold.marker_fd is None:
+    fd = hold.marker_fd
+    if fd is None:
         return
     if hold.lease is not None:
         _marker.stop_lease(hold.lease)
     if hold.pid == os.getpid():  # a forked child never removes its parent's marker
-        _marker._unlink_if_same(target.marker, os.fstat(hold.marker_fd))
-    os.close(hold.marker_fd)
+        _marker._unlink_if_same(target.marker, os.fstat(fd))
+    # Forgotten before it is closed: a release an interrupt cut short may leak the number, never close it twice
+    # (by then it may be another file's).
     hold.marker_fd = None
+    os.close(fd)
 
 
 # -- native kinds ---------------------------------------------------------------------------------
@@ -235,8 +239,24 @@ def settle(fd: int, target: Target) -> None:
     elif target.explicit_mode is not None:
         try:
             os.fchmod(fd, target.explicit_mode)
-        except OSError:
-            pass
+        except PermissionError:
+            pass  # as filelock: the file keeps the umask's mode; any other error fails the acquire
+
+
+def _settle_or_undo(fd: int, target: Target, marker: str | None) -> None:
+    """:func:`settle` a file this call created; if that fails, close it (and remove a marker) before raising.
+
+    A lock file stays, as filelock leaves its lock files: another process may be locking it already.
+    """
+    try:
+        settle(fd, target)
+    except BaseException:
+        try:
+            if marker is not None:
+                _marker._unlink_if_same(marker, os.fstat(fd))
+        finally:
+            os.close(fd)
+        raise
 
 
 def share(fd: int, team: TeamCache | None) -> None:
@@ -264,11 +284,17 @@ def _open_lock_file(target: Target) -> tuple[int, bool] | None:
             except FileExistsError:
                 pass
             else:
-                settle(fd, target)
+                _settle_or_undo(fd, target, None)
                 return fd, False
         return os.open(path, flags, mode), False
     except FileNotFoundError:
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            raise  # the directory itself is missing: the caller creates it once, or fails the wait
         return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
+    except BlockingIOError:
+        # Another process holds a lease on the file (F_SETLEASE; a Samba or NFS server's delegation):
+        # the open asked the kernel to break it, and is contention until then, as for filelock.
+        return None
     except PermissionError:
         # Another user created the lock file without group write (their umask): it is locked through
         # a descriptor opened for reading (Native.try_acquire), never chmod-ed or replaced.
@@ -276,6 +302,8 @@ def _open_lock_file(target: Target) -> tuple[int, bool] | None:
             return os.open(path, os.O_RDONLY | NOFOLLOW), True
         except FileNotFoundError:
             pass
+        except BlockingIOError:
+            return None  # leased (the kernel checks permission before the lease): contention
         directory = os.path.dirname(path) or "."
         if not os.path.lexists(path) and not os.access(directory, os.W_OK | os.X_OK):
             # No lock file, and this user may not create one: waiting would wait forever.
@@ -361,7 +389,9 @@ class Native:
             try:
                 try:
                     if self.how == "flock" and not read_only:
-                        flock(fd, LOCK_EX_NB)  # the common case, inline
+                        # The common case, inline; looked up on the module at each call, as filelock
+                        # does, so a test (or a tool) that patches fcntl.flock reaches sharedfs's locks too.
+                        fcntl.flock(fd, LOCK_EX_NB)
                     else:
                         oslocks.lock(fd, self.how, shared=shared)
                 except OSError as exc:
@@ -411,19 +441,25 @@ class Native:
                     if thread_lock is not None:
                         thread_lock.release()
 
-    def release(self, hold: Hold) -> None:
+    def unlock(self, hold: Hold) -> None:
+        """Let go of the lock and keep the descriptor; safe to repeat (a release an interrupt cut short)."""
         if hold.marker_fd is not None:
             drop_marker(hold, self.target)
-        ours = hold.pid == os.getpid()  # flock is shared with a forked child's copy: the child must not unlock
+        if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
+            if self.how == "flock":
+                fcntl.flock(hold.fd, LOCK_UN)
+            else:
+                oslocks.unlock(hold.fd, self.how)
+
+    def close(self, hold: Hold) -> None:
+        """After :meth:`unlock`: close the descriptor (then the in-process lock of a POSIX record lock)."""
+        fd, hold.fd = hold.fd, -1
+        if fd < 0:
+            return
         try:
-            if ours:
-                if self.how == "flock":
-                    flock(hold.fd, LOCK_UN)
-                else:
-                    oslocks.unlock(hold.fd, self.how)
+            os.close(fd)
         finally:
-            os.close(hold.fd)
-            if hold.thread_lock is not None and ours:
+            if hold.thread_lock is not None and hold.pid == os.getpid():
                 hold.thread_lock.release()
 
 
@@ -444,8 +480,11 @@ class Existence:
         fd, lease = taken
         return Hold(fd, self, fd, lease)
 
-    def release(self, hold: Hold) -> None:
-        drop_marker(hold, self.target)
+    def unlock(self, hold: Hold) -> None:
+        drop_marker(hold, self.target)  # the marker's descriptor is the hold's: closed here, once
+
+    def close(self, hold: Hold) -> None:
+        pass
 
 
 KINDS: dict[str, type[Native] | type[Existence]] = {"flock": Native, "posix": Native, "soft": Existence,
