@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -173,6 +174,112 @@ def check_threads_do_not_share_a_hold_by_default(make: Callable[..., Any], which
         thread.start()
         thread.join()
     assert outcome == ["timeout"], f"a second thread {outcome} a held thread-local lock"
+
+
+def _interrupting(lock: Any, at: int | None) -> Callable[..., Any]:
+    """A profile hook that counts the calls handed ``lock`` and raises KeyboardInterrupt at call number ``at``.
+
+    It stands for a signal handler that raises (SIGINT, or a job's SIGTERM handler): the exception
+    lands between two steps of an acquire or a release.  The count is kept on the hook.
+    """
+    def hook(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and any(value is lock for value in frame.f_locals.values()):
+            hook.calls += 1  # type: ignore[attr-defined]
+            if hook.calls == at:  # type: ignore[attr-defined]
+                raise KeyboardInterrupt
+
+    hook.calls = 0  # type: ignore[attr-defined]
+    return hook
+
+
+def _run_interrupted(lock: Any, operation: Callable[[], Any], at: int | None) -> int:
+    hook = _interrupting(lock, at)
+    sys.setprofile(hook)
+    try:
+        operation()
+    except KeyboardInterrupt:
+        if at is None:
+            raise
+    finally:
+        sys.setprofile(None)
+    return hook.calls  # type: ignore[attr-defined]
+
+
+def _free(make: Callable[..., Any], path: str) -> bool:
+    """Whether a new lock object, in another thread, gets the lock at once."""
+    got: list[bool] = []
+
+    def probe() -> None:
+        peer = make(path)
+        try:
+            peer.acquire(timeout=0)
+        except filelock.Timeout:
+            got.append(False)
+        else:
+            got.append(True)
+            peer.release()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return got == [True]
+
+
+def check_release_interrupted_anywhere_then_retried_frees_the_lock(make: Callable[..., Any], which: str,
+                                                                   d: str) -> None:
+    path = os.path.join(d, "int-release.lock")
+    lock = make(path)
+    lock.acquire()
+    points = _run_interrupted(lock, lock.release, None)
+    assert points > 0 and _free(make, path)
+    for at in range(1, points + 1):
+        lock = make(path)
+        lock.acquire()
+        _run_interrupted(lock, lock.release, at)
+        lock.release()  # the caller's retry (a with block's exit runs once; code that retries runs this)
+        assert _free(make, path), f"an interrupt at call {at} of {points} in release() left the lock held"
+
+
+def check_acquire_interrupted_anywhere_leaves_one_holder_or_none(make: Callable[..., Any], which: str,
+                                                                 d: str) -> None:
+    path = os.path.join(d, "int-acquire.lock")
+    lock = make(path)
+    points = _run_interrupted(lock, lock.acquire, None)
+    lock.release()
+    assert points > 0
+    for at in range(1, points + 1):
+        lock = make(path)
+        _run_interrupted(lock, lock.acquire, at)
+        # The object says it holds the lock exactly when nobody else can take it.
+        free = _free(make, path)
+        assert lock.is_locked != free, (f"an interrupt at call {at} of {points} in acquire(): "
+                                        f"is_locked={lock.is_locked} and free for others={free}")
+        lock.release(force=True)
+
+
+def check_timeout_message_is_filelocks(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "msg.lock")
+    holder = Holder(which, path)
+    try:
+        lock = make(path)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout as exc:
+            text = str(exc)
+        else:
+            raise AssertionError("no Timeout")
+    finally:
+        holder.release()
+    assert re.match(r"The file lock '.*' could not be acquired", text), text
+
+
+def check_a_missing_directory_is_created(make: Callable[..., Any], which: str, d: str) -> None:
+    path = os.path.join(d, "not", "yet", "there.lock")
+    lock = make(path, timeout=5)
+    start = time.monotonic()
+    with lock:
+        assert lock.is_locked and os.path.isfile(path)
+    assert time.monotonic() - start < 2.0, f"took {time.monotonic() - start:.1f} s"
 
 
 def check_properties_and_constructor_options(make: Callable[..., Any], which: str, d: str) -> None:

@@ -8,6 +8,13 @@ and against sharedfs's replacement, for filelock itself, ``sharedfs.lock``, data
 and the class huggingface_hub's WeakFileLock builds.  sharedfs 0.1's facade failed five of them
 (blocking=False waited out the timeout, its error was no filelock.Timeout, threads shared a hold,
 ``with lock.acquire():`` left the lock held, and timeout/mode/lock_counter were missing).
+
+Four more came from running filelock's own test suite against the drop-in (tests/upstream/run.py,
+suite ``filelock``); sharedfs before 0.2 failed each of them where the stock class passes: a
+KeyboardInterrupt (a raising signal handler) in release() left the lock held for the life of the
+process, one in acquire() could leave a hold nobody knew of, the Timeout's message was not
+filelock's, and with filelock 3.x a lock in a directory that did not exist yet waited forever
+(filelock 3.x creates it in the ``_acquire`` sharedfs replaces).
 """
 
 from __future__ import annotations
@@ -33,9 +40,22 @@ def upstream_breaks(which: str) -> set[str]:
     """
     import filelock
 
-    if which == "datasets" and Version(filelock.__version__) < Version("3.30"):
-        return {"check_properties_and_constructor_options"}
-    return set()
+    breaks = set()
+    if which == "datasets":
+        # datasets' FileLock statvfs()es the lock's directory in its constructor (to hash names too
+        # long for it), so a lock in a directory that does not exist yet fails before filelock runs.
+        breaks.add("check_a_missing_directory_is_created")
+        if Version(filelock.__version__) < Version("3.30"):
+            breaks.add("check_properties_and_constructor_options")
+    if Version(filelock.__version__) < Version("4"):
+        # filelock 3.x's release() counts the hold down before _release() runs: after an interrupt
+        # there, a retried release() finds the count at zero and never unlocks (seen on 3.19 and 3.23).
+        breaks.add("check_release_interrupted_anywhere_then_retried_frees_the_lock")
+    return breaks
+
+
+def failed(results: dict) -> set[str]:
+    return {name for name, result in results["results"].items() if result != "ok"}
 
 
 def run(which: str, tmp_path: Path, **env: str) -> dict:
@@ -52,16 +72,16 @@ def test_the_framework_class_and_its_replacement_pass_the_same_contract(tmp_path
     stock = run(which, tmp_path, SHAREDFS_DISABLE="1")
     replaced = run(which, tmp_path)
     assert not stock["class"].startswith("sharedfs") and replaced["class"].startswith("sharedfs.shims.")
-    failed = {name for name, result in stock["results"].items() if result != "ok"}
-    assert failed == upstream_breaks(which), stock  # the library defines the contract ...
-    assert replaced["results"] == stock["results"]  # ... and the replacement keeps it (drop-in means identical)
+    assert failed(stock) == upstream_breaks(which), stock  # the library defines the contract ...
+    assert failed(replaced) == failed(stock), replaced  # ... and the replacement keeps it (drop-in means identical)
 
 
 def test_sharedfs_lock_passes_filelocks_contract(tmp_path: Path) -> None:
     stock = run("filelock", tmp_path, SHAREDFS_DISABLE="1")
     ours = run("sharedfs", tmp_path)
-    assert set(stock["results"].values()) == {"ok"}, stock
-    assert ours["results"] == stock["results"] and ours["class"] == "sharedfs.locks._api.SharedFSLock"
+    assert failed(stock) == upstream_breaks("filelock"), stock
+    assert failed(ours) == failed(stock), ours
+    assert ours["class"] == "sharedfs.locks._api.SharedFSLock"
 
 
 def test_the_checks_catch_a_lock_that_breaks_the_contract(tmp_path: Path) -> None:
