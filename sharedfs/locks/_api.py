@@ -245,18 +245,20 @@ class SharedFSLockMixin:
         if hold is not None:
             hold.kind.unlock(hold)
         state.holds.pop(fd, None)
-        if self._sharedfs_tracks_fds:
-            self._mark_descriptor_released()  # type: ignore[attr-defined]
-        else:
-            self._context.lock_file_fd = None  # type: ignore[attr-defined]
-        if hold is not None:
-            try:
-                _close(hold)
-            except OSError:
-                # The lock is let go; a failing close (EIO from a FUSE or bind mount, ENOSPC on NFS) is
-                # dropped as filelock's Unix FileLock drops it, unless close_error_policy="raise" (filelock >= 4.2).
-                if getattr(getattr(self, "_settings", None), "close_error_policy", "default") == "raise":
-                    raise
+        try:
+            if self._sharedfs_tracks_fds:
+                self._mark_descriptor_released()  # type: ignore[attr-defined]
+            else:
+                self._context.lock_file_fd = None  # type: ignore[attr-defined]
+        finally:  # even when interrupted here: filelock may count the release as done, and a POSIX lock's
+            if hold is not None:  # in-process guard must not stay taken
+                try:
+                    _close(hold)
+                except OSError:
+                    # The lock is let go; a failing close (EIO from a FUSE or bind mount, ENOSPC on NFS) is dropped
+                    # as filelock's Unix FileLock drops it, unless close_error_policy="raise" (filelock >= 4.2).
+                    if getattr(getattr(self, "_settings", None), "close_error_policy", "default") == "raise":
+                        raise
 
     def _sharedfs_missed(self, state: _State, now: float) -> None:
         wait = state.waits

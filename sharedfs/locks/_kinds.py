@@ -198,6 +198,13 @@ def _user(uid: int) -> str:
 
 
 def drop_marker(hold: Hold, target: Target) -> None:
+    """Remove the marker (while it is still this hold's) and close it."""
+    unlink_marker(hold, target)
+    close_marker(hold)
+
+
+def unlink_marker(hold: Hold, target: Target) -> None:
+    """Free the lock for others: the marker's name goes, its descriptor stays open.  Safe to repeat."""
     fd = hold.marker_fd
     if fd is None:
         return
@@ -205,10 +212,14 @@ def drop_marker(hold: Hold, target: Target) -> None:
         _marker.stop_lease(hold.lease)
     if hold.pid == os.getpid():  # a forked child never removes its parent's marker
         _marker._unlink_if_same(target.marker, os.fstat(fd))
+
+
+def close_marker(hold: Hold) -> None:
     # Forgotten before it is closed: a release an interrupt cut short may leak the number, never close it twice
     # (by then it may be another file's).
-    hold.marker_fd = None
-    os.close(fd)
+    fd, hold.marker_fd = hold.marker_fd, None
+    if fd is not None:
+        os.close(fd)
 
 
 # -- native kinds ---------------------------------------------------------------------------------
@@ -481,10 +492,10 @@ class Existence:
         return Hold(fd, self, fd, lease)
 
     def unlock(self, hold: Hold) -> None:
-        drop_marker(hold, self.target)  # the marker's descriptor is the hold's: closed here, once
+        unlink_marker(hold, self.target)
 
     def close(self, hold: Hold) -> None:
-        pass
+        close_marker(hold)  # the marker's descriptor is the hold's (filelock's): closed after filelock forgot it
 
 
 KINDS: dict[str, type[Native] | type[Existence]] = {"flock": Native, "posix": Native, "soft": Existence,
