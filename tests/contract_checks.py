@@ -106,19 +106,22 @@ def check_negative_timeout_waits_until_released(make: Callable[..., Any], which:
     assert waited >= 0.9, f"got the lock after {waited:.2f} s, while the holder held it for 1 s"
 
 
-def check_timeout_error_is_filelocks_with_lock_file_and_pickles(make: Callable[..., Any], which: str, d: str) -> None:
-    path = os.path.join(d, "err.lock")
+def _timeout_while_held(make: Callable[..., Any], which: str, path: str, timeout: float) -> tuple[Any, Any]:
+    """(the lock, the Timeout its acquire raised) while another process holds ``path``."""
     holder = Holder(which, path)
     try:
         lock = make(path)
         try:
-            lock.acquire(timeout=0.1)
+            lock.acquire(timeout=timeout)
         except filelock.Timeout as exc:
-            error = exc
-        else:
-            raise AssertionError("no Timeout")
+            return lock, exc
+        raise AssertionError("no Timeout")
     finally:
         holder.release()
+
+
+def check_timeout_error_is_filelocks_with_lock_file_and_pickles(make: Callable[..., Any], which: str, d: str) -> None:
+    lock, error = _timeout_while_held(make, which, os.path.join(d, "err.lock"), 0.1)
     assert isinstance(error, TimeoutError)
     assert os.path.abspath(error.lock_file) == os.path.abspath(lock.lock_file)
     again = pickle.loads(pickle.dumps(error))
@@ -258,19 +261,8 @@ def check_acquire_interrupted_anywhere_leaves_one_holder_or_none(make: Callable[
 
 
 def check_timeout_message_is_filelocks(make: Callable[..., Any], which: str, d: str) -> None:
-    path = os.path.join(d, "msg.lock")
-    holder = Holder(which, path)
-    try:
-        lock = make(path)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout as exc:
-            text = str(exc)
-        else:
-            raise AssertionError("no Timeout")
-    finally:
-        holder.release()
-    assert re.match(r"The file lock '.*' could not be acquired", text), text
+    _, error = _timeout_while_held(make, which, os.path.join(d, "msg.lock"), 0)
+    assert re.match(r"The file lock '.*' could not be acquired", str(error)), str(error)
 
 
 def check_a_missing_directory_is_created(make: Callable[..., Any], which: str, d: str) -> None:
