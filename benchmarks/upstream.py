@@ -49,24 +49,11 @@ def suite_rows(summary: dict) -> list[dict]:
         note = (f"{per_mode}; failing in both modes: {len(suite.get('failing_in_both', []))}; fail only with "
                 f"sharedfs: {', '.join(only_with) or 'none'}; only without: {', '.join(only_without) or 'none'}"
                 + (f"; flaky (not counted): {len(suite['flaky'])}" if suite.get("flaky") else ""))
-        rows.append(row(f"{name}: its own tests ({', '.join(m.rsplit('/', 1)[-1] for m in suite_modules(suite))}), "
+        rows.append(row(f"{name}: its own tests ({', '.join(m.rsplit('/', 1)[-1] for m in suite.get('modules', []))}), "
                         f"tests passed", counts["sharedfs"]["passed"], counts["baseline"]["passed"],
                         "tests", "same failing set", suite["status"] == "same", ratio=None,
                         note=note + f"; what they exercise: {suite.get('why', '')}"))
     return rows
-
-
-def suite_modules(suite: dict) -> list[str]:
-    """The test files the runner chose for a suite (its Suite entry), for the row's label."""
-    sys.path.insert(0, str(RUNNER.parent))
-    try:
-        import run as runner  # tests/upstream/run.py
-    finally:
-        sys.path.pop(0)
-    for entry in runner.SUITES:
-        if entry.name == suite["suite"]:
-            return entry.modules
-    return []
 
 
 def main() -> int:

@@ -458,7 +458,8 @@ def prepare_tree(python: str, suite: Suite, tree: Path) -> None:
 
 def run_suite(python: str, suite: Suite, cache: Path, deselect: dict[str, list[tuple[str, str]]],
               args: argparse.Namespace) -> dict[str, Any]:
-    report: dict[str, Any] = {"suite": suite.name, "dist": suite.dist, "why": suite.why, "notes": []}
+    report: dict[str, Any] = {"suite": suite.name, "dist": suite.dist, "why": suite.why, "modules": suite.modules,
+                              "notes": []}
     installed = installed_version(python, suite.dist)
     version = suite.version or installed
     report["version"] = version
