@@ -60,6 +60,7 @@ if gate != "-":
 def double(batch):
     with open(counter, "a") as fh:
         fh.write(f"{os.getpid()}\n")
+    time.sleep(float(os.environ.get("T_MAP_SECONDS", "0")))  # a real map (tokenising) takes a while
     return {"y": [x * 2 for x in batch["x"]]}
 
 kwargs = {} if cache == "-" else {"cache_dir": cache}
@@ -171,7 +172,11 @@ def _eight_on_localflock(tmp_path: Path, mnt: Path, label: str, env: dict[str, s
     counter = tmp_path / f"map-{label}"
     argv = [sys.executable, "-c", WORKER, str(data), str(mnt / f"cache-{label}"), str(counter),
             str(tmp_path / f"gate-{label}")]
-    results = run_on_nodes(argv, {"a": 4, "b": 4}, env=clean_env({**OFFLINE, **env}), timeout=240, cwd="/")
+    # The map takes 2 s, as a real one does: without a lock around map, every process that reaches
+    # it inside those 2 s computes it again.  (With an instant map the race was lost now and then on
+    # a loaded machine: one process had written the map's cache before the others looked.)
+    env = {**OFFLINE, "T_MAP_SECONDS": "2", **env}
+    results = run_on_nodes(argv, {"a": 4, "b": 4}, env=clean_env(env), timeout=240, cwd="/")
     preparations = sum(r.stderr.count(PREPARING) for r in results)
     return results, preparations, map_runs(counter)
 
@@ -181,8 +186,8 @@ def test_eight_processes_on_two_nodes_prepare_once_on_localflock(tmp_path: Path,
 
     Without sharedfs each node's first process prepares (two writers in one
     ``.incomplete`` directory) and every process runs the map itself: datasets has no lock
-    around ``map`` at all.  A typical run here: 2 preparations, the map computed by 6 of 8
-    processes, 2 processes dead of FileNotFoundError on a half-written ``.incomplete`` or map
+    around ``map`` at all.  A typical run here (a map of 2 s): 2 preparations, the map computed by
+    7 of 8 processes, 1 or 2 processes dead of FileNotFoundError on a half-written ``.incomplete`` or map
     cache file.  With sharedfs: one preparation, one map, identical data, no failure.
     """
     mnt = hostile_mount("localflock").path
