@@ -66,6 +66,19 @@ HUB = "tests/integration/test_huggingface_hub.py"
 CONTRACT = "tests/integration/test_filelock_contract.py"
 WEBDATASET = "tests/integration/test_webdataset.py"
 WIDS = "tests/integration/test_wids.py"
+TORCH = "tests/integration/test_torch.py"
+MMENGINE = "tests/integration/test_mmengine.py"
+#: The pins of the main environment (make test), written by scripts/pin.sh.
+MAIN_PINS = ROOT / "scripts" / "constraints.txt"
+#: What ``--newest`` resolves unpinned: every library sharedfs patches, its own dependencies, and what
+#: the tests need (pytest, the FUSE bindings; numpy for torch.distributed's object collectives).
+NEWEST_NAMES = ("filelock", "datasets", "huggingface_hub", "webdataset", "wids", "torch", "mmengine", "pluggy",
+                "packaging", "pytest", "mfusepy", "numpy")
+#: The libraries whose moves ``--newest`` reports first (what sharedfs patches or is built on).
+PATCHED = ("filelock", "datasets", "huggingface_hub", "webdataset", "wids", "torch", "mmengine", "pluggy",
+           "packaging")
+#: The integration tests of every patched framework, as make test runs them on the pins.
+NEWEST_TESTS = (DATASETS, HUB, CONTRACT, WEBDATASET, WIDS, TORCH, MMENGINE)
 
 #: Tests that build a venv of their own with fixed pins (they do not use the cell's
 #: frameworks at all): the main run (make test) runs them, a cell would only repeat them.
@@ -129,6 +142,16 @@ CELLS = [
         tests=(DATASETS, HUB, CONTRACT),
         deselect={**OWN_VENV, **NO_TORCH},
         shims=("datasets", "huggingface_hub"),
+    ),
+    Cell(
+        name="newest",
+        python="3.11",
+        why="today's newest releases of everything sharedfs patches, torch included: torch 2.14 builds C++ "
+            "extensions under torch.utils._filelock.FileLock instead of FileBaton (the main environment keeps "
+            "torch 2.13, the CPU build on this machine's disk; 2.14's wheels are CUDA builds of ~5 GB)",
+        tests=(TORCH, WIDS),
+        deselect={},
+        shims=("torch", "wids"),
     ),
     Cell(
         name="py3.13",
@@ -284,19 +307,13 @@ def install_sharedfs(venv: Path, wheel: Path) -> None:
     pip(venv, "install", str(wheel))  # a dependency the pins lack (a new one of sharedfs's): fetched, never upgraded
 
 
-def check_venv(cell: Cell, venv: Path, result: Result) -> None:
+def check_venv(cell: Cell, venv: Path, result: Result, pinned: bool = True) -> None:
     """Every pin still holds after sharedfs went in; sharedfs autoloads from the venv, with the cell's shims."""
-    code = ("import json, importlib.metadata as m\n"
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/",
-                          env={**cell_env(venv), "SHAREDFS_DISABLE": "1"})
-    if proc.returncode != 0:
-        raise CellError(f"reading the installed versions failed:\n{proc.stderr[-2000:]}")
-    installed = {normalize(k): v for k, v in json.loads(proc.stdout).items()}
-    for name, pinned in pins(cell.requirements).items():
+    installed = _installed(venv)
+    for name, pinned_version in (pins(cell.requirements) if pinned else {}).items():
         got = installed.get(name)
-        if got is None or (got != pinned and got.split("+")[0] != pinned):
-            result.problems.append(f"pin {name}=={pinned} does not hold after installing sharedfs: {got}")
+        if got is None or (got != pinned_version and got.split("+")[0] != pinned_version):
+            result.problems.append(f"pin {name}=={pinned_version} does not hold after installing sharedfs: {got}")
     result.versions = {name: installed[normalize(name)] for name in SHOWN if normalize(name) in installed}
     if "wids" not in installed and installed.get("webdataset", "").startswith("0.2."):
         result.versions["wids"] = "(webdataset's copy)"
@@ -405,6 +422,102 @@ def run_cell(cell: Cell, cache: Path, wheel: Path | None, out: Path, build_only:
     return result
 
 
+# -- --newest: the same tests on whatever the index serves today -------------------------------------
+
+
+def newest_cell() -> Cell:
+    return Cell(
+        name="unpinned",
+        python="3.11",
+        why="every patched library resolved unpinned today (the run a maintainer makes before a release)",
+        tests=NEWEST_TESTS,
+        deselect=dict(OWN_VENV),
+        shims=("datasets", "huggingface_hub", "webdataset", "wids", "torch", "mmengine"),
+    )
+
+
+def run_newest(out: Path, wheel: Path) -> tuple[Result, dict[str, tuple[str, str]], list[str]]:
+    """Build a throwaway venv with NEWEST_NAMES unpinned, run NEWEST_TESTS in it, compare with the pins.
+
+    Returns the run's result, {library: (pinned, resolved)} for every library that moved, and the
+    ids of tests that fail there but pass on the pins (each failing id is run again in the main
+    environment, this interpreter: a test that fails there too is not the newest releases' doing).
+    """
+    cell = newest_cell()
+    result = Result(cell.name)
+    python = find_python(cell.python)
+    if python is None:
+        result.status = "error"
+        result.problems.append(f"no Python {cell.python} on this machine")
+        return result, {}, []
+    venv = out / "unpinned-venv"
+    log(f"{cell.name}: resolving {' '.join(NEWEST_NAMES)} unpinned into {venv}")
+    started = time.monotonic()
+    try:
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        pip(venv, "install", *NEWEST_NAMES)
+        result.build_s = time.monotonic() - started
+        install_sharedfs(venv, wheel)
+        check_venv(cell, venv, result, pinned=False)
+        result.problems = [p for p in result.problems if not p.startswith("shim ")]  # reported as moved below
+        run_tests(cell, venv, out, result)
+    except (CellError, subprocess.CalledProcessError) as exc:
+        result.status = "error"
+        result.problems.append(str(exc))
+        return result, {}, []
+    resolved = _installed(venv)
+    pinned = {**pins(MAIN_PINS), **pins(REQUIREMENTS / "newest.txt")} if MAIN_PINS.exists() else {}
+    moved = {name: (pinned.get(normalize(name), "-"), resolved.get(normalize(name), "-")) for name in PATCHED
+             if pinned.get(normalize(name), "-").split("+")[0] != resolved.get(normalize(name), "-").split("+")[0]}
+    failing = _failing_ids(out / f"{cell.name}.xml")
+    only_newest = []
+    if failing:
+        log(f"{cell.name}: {len(failing)} test(s) failed; running them on the pins (this environment)")
+        again = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                f"--junitxml={out / 'pinned.xml'}", *failing], cwd=ROOT, capture_output=True, text=True)
+        still = set(_failing_ids(out / "pinned.xml")) if (out / "pinned.xml").exists() else set()
+        if again.returncode not in (0, 1):
+            result.problems.append(f"the rerun on the pins exited {again.returncode}:\n{again.stdout[-2000:]}")
+        only_newest = [node for node in failing if node not in still]
+    result.status = "passed" if not result.failed and not result.problems else "failed"
+    return result, moved, only_newest
+
+
+def _installed(venv: Path) -> dict[str, str]:
+    code = ("import json, importlib.metadata as m\n"
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/",
+                          env={**cell_env(venv), "SHAREDFS_DISABLE": "1"})
+    if proc.returncode != 0:
+        raise CellError(f"reading the installed versions failed:\n{proc.stderr[-2000:]}")
+    return {normalize(k): v for k, v in json.loads(proc.stdout).items()}
+
+
+def _failing_ids(junit: Path) -> list[str]:
+    """pytest node ids of the failed and errored tests in a junit report (file::name form)."""
+    ids = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            module = case.get("classname", "").replace(".", "/")
+            ids.append(f"{module}.py::{case.get('name')}")
+    return ids
+
+
+def newest_report(result: Result, moved: dict[str, tuple[str, str]], only_newest: list[str]) -> str:
+    lines = [f"newest: {result.passed} passed, {result.failed} failed, {result.skipped} skipped "
+             f"({result.status}; resolved in {result.build_s / 60:.1f} min, tested in {result.test_s / 60:.1f} min)"]
+    if moved:
+        lines.append("moved since the pins (scripts/constraints.txt, tests/compat/newest.txt):")
+        lines += [f"  {name}: {old} -> {new}" for name, (old, new) in moved.items()]
+    else:
+        lines.append("nothing moved since the pins: every patched library resolves to its pinned release")
+    if only_newest:
+        lines.append("failing only with the newest releases (they pass on the pins):")
+        lines += [f"  {node}" for node in only_newest]
+    lines += [f"newest: {problem}" for problem in result.problems]
+    return "\n".join(lines)
+
+
 # -- the table ----------------------------------------------------------------------------------------
 
 
@@ -431,7 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the cells, their tests and deselections")
     parser.add_argument("--build-only", action="store_true", help="build the cells' venvs, run nothing")
     parser.add_argument("--results", type=Path, help="write the results as JSON to this file")
+    parser.add_argument("--newest", action="store_true",
+                        help="instead of the cells: resolve every patched library unpinned, run their integration "
+                             "tests, and report what moved since the pins and what fails only there")
     args = parser.parse_args(argv)
+    if args.newest:
+        return main_newest(args.results)
 
     cells = CELLS
     if args.cells:
@@ -471,6 +589,24 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.status == "error" for r in results):
         return 2
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def main_newest(results: Path | None) -> int:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sharedfs-newest-", dir=os.environ.get("SHAREDFS_COMPAT_CACHE")) as tmp:
+        out = Path(tmp)
+        wheel = build_wheel(out / "wheel")
+        result, moved, only_newest = run_newest(out, wheel)
+    print()
+    print(newest_report(result, moved, only_newest))
+    print(f"\nnewest run in {(time.monotonic() - started) / 60:.1f} min")
+    if results:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps({"result": dataclasses.asdict(result), "moved": moved,
+                                       "failing_only_newest": only_newest}, indent=2) + "\n")
+    if result.status == "error":
+        return 2
+    return 1 if only_newest or result.problems else 0
 
 
 if __name__ == "__main__":

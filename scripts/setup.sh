@@ -30,9 +30,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.sharedfs-setup"
 # The install copies autoload/ into site-packages (hatch_build.py), so a changed .pth reinstalls too.
-want="$(cat pyproject.toml hatch_build.py autoload/sharedfs.pth autoload/sharedfs.start scripts/requirements-test.txt | sha1sum)"
+want="$(cat pyproject.toml hatch_build.py autoload/sharedfs.pth autoload/sharedfs.start scripts/requirements-test.txt scripts/constraints.txt | sha1sum)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing sharedfs and the test requirements into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' -r scripts/requirements-test.txt
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' -r scripts/requirements-test.txt \
+        -c scripts/constraints.txt  # every package pinned (scripts/pin.sh): a fresh machine is CI's
     echo "$want" > "$stamp"
 fi

@@ -17,7 +17,7 @@ POLICIES = sorted((CONFIGS / "policy").glob("*.toml"))
 
 needs_mmengine = pytest.mark.skipif(
     importlib.util.find_spec("mmengine") is None and not os.environ.get("CI"),
-    reason="mmengine missing: pip install -r scripts/requirements-test.txt (mmengine==0.10.6)",
+    reason="mmengine missing: pip install -r scripts/requirements-test.txt (mmengine==0.10.7)",
 )
 
 

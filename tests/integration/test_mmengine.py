@@ -1,4 +1,4 @@
-"""A real mmengine 0.10.6 ``Runner`` with ``SharedFSHook``, on a filesystem that shows new entries late.
+"""A real mmengine 0.10.7 ``Runner`` with ``SharedFSHook``, on a filesystem that shows new entries late.
 
 User story: a classic mmengine config adds ``custom_hooks=[dict(type="SharedFSHook", ...)]``
 and the job runs with its work dir on a shared filesystem whose clients see each other's
@@ -22,7 +22,7 @@ from conftest import clean_env, require
 from sharedfs.testing.nodes import NodeResult, run_on_nodes
 
 for _name in ("torch", "mmengine"):
-    require(_name, "needs mmengine==0.10.6 and torch (pip install -r scripts/requirements-test.txt)")
+    require(_name, "needs mmengine==0.10.7 and torch (pip install -r scripts/requirements-test.txt)")
 
 TESTS = Path(__file__).resolve().parents[1]
 LAUNCH = str(TESTS / "xt_launch.py")

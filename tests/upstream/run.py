@@ -53,6 +53,8 @@ PLUGIN_DIR = GLUE / "_plugin"
 DESELECT_FILE = HERE / "deselect.txt"
 REQUIREMENTS = HERE / "requirements.txt"
 BUILD_CONSTRAINTS = HERE / "build-constraints.txt"
+#: The main environment's pins (scripts/pin.sh): the suites' own test dependencies install under them.
+MAIN_PINS = HERE.parent.parent / "scripts" / "constraints.txt"
 DEFAULT_CACHE = "/var/tmp/sharedfs-upstream"
 
 MODES = ("baseline", "sharedfs")
@@ -159,7 +161,7 @@ SUITES = [
     Suite(
         name="mmengine",
         dist="mmengine",
-        version="0.10.6",
+        version="0.10.7",
         modules=[],  # the sdist ships no tests (checked at run time: see below)
         why="fileio, checkpoint, runner resume, hooks",
         import_names=["mmengine"],
@@ -624,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python
     if not args.no_install:
         log(f"installing {REQUIREMENTS.relative_to(HERE.parent.parent)} into {python}")
-        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(REQUIREMENTS)],
+        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(REQUIREMENTS),
+                        *(["-c", str(MAIN_PINS)] if MAIN_PINS.exists() else [])],
                        check=True, env={**os.environ, "SHAREDFS_DISABLE": "1"})
     deselect = read_deselect()
     reports = []
