@@ -16,22 +16,89 @@ keep calling ``dataclasses.replace``), fields are declared as for dataclasses,
 decorators (PEP 681).  Only what sharedfs uses is supported -- no ``ClassVar``/``InitVar``,
 ``kw_only`` or ``init=False`` fields, no inheritance between structs, no ordering -- and anything
 else is refused when the class is made.
+
+Annotations are read as dataclasses reads them on each Python: the class's own
+``__dict__["__annotations__"]`` up to 3.13, ``annotationlib.get_annotations(cls,
+format=Format.FORWARDREF)`` from 3.14, where a module without ``from __future__ import
+annotations`` gives its classes an ``__annotate__`` function instead (PEP 649/749), so field types
+are what ``dataclasses.fields`` of a stock dataclass would hold.  tests/test_structs_annotations.py
+checks every struct of the kernel against dataclasses, and a class as 3.14 builds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import MISSING, Field, FrozenInstanceError, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, TypeVar, get_origin
 
 __all__ = ["frozen", "mutable"]
 
 _C = TypeVar("_C", bound=type)
 _set = object.__setattr__
-#: dataclasses' mark of a regular field, which ``fields()`` filters on: private, but in every
-#: CPython since 3.7.  Without it, dataclasses collects the fields itself (public, 0.16 ms a class).
+
+
+def _marker_works(marker: object) -> bool:
+    """Whether ``dataclasses.fields`` keeps a field carrying ``marker`` as its ``_field_type``.
+
+    That private mark is how ``fields()`` (and so ``asdict``, ``astuple``, ``replace``) tells regular
+    fields from ``ClassVar``/``InitVar`` pseudo-fields; structs writes it on the fields it builds.  It
+    is in every CPython from 3.7 to 3.14; asked once (a few microseconds) rather than assumed, so a
+    CPython that drops or reinterprets it gets the public path instead of dataclasses without fields.
+    """
+    if marker is None:
+        return False
+    probe = field()
+    probe.name, probe.type = "probe", int
+    probe._field_type = marker  # type: ignore[attr-defined]
+    holder: Any = SimpleNamespace(__dataclass_fields__={"probe": probe})  # fields() reads only this attribute
+    try:
+        return dataclasses.fields(holder) == (probe,)
+    except Exception:  # whatever a future dataclasses objects to: not the behaviour this path relies on
+        return False
+
+
+#: dataclasses' mark of a regular field (private).  Where it works as above, structs builds the
+#: fields itself; elsewhere dataclasses collects them (public, ~0.16 ms a class on 3.11).
 _FIELD = getattr(dataclasses, "_FIELD", None)
+_MARKER_WORKS = _marker_works(_FIELD)
+
+if sys.version_info >= (3, 14):
+    # PEP 649/749: without `from __future__ import annotations` a class's __dict__ has no
+    # __annotations__, only an annotate function that computes them (kept under a private key:
+    # annotationlib is the supported way in).  FORWARDREF is the format dataclasses asks for on
+    # 3.14: values where every name is defined, ForwardRef objects where one is not (VALUE would
+    # raise NameError), the strings themselves under the future import.  dataclasses imports
+    # annotationlib already, so this costs no import.
+    import annotationlib
+
+    def _annotations(cls: type) -> Mapping[str, Any]:
+        """The class's own annotations (never inherited ones), as dataclasses reads them."""
+        return annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF)
+
+else:
+
+    def _annotations(cls: type) -> Mapping[str, Any]:
+        """The class's own annotations (never inherited ones), as dataclasses reads them up to 3.13."""
+        return cls.__dict__.get("__annotations__", {})  # type: ignore[no-any-return]
+
+
+#: How a pseudo-field's annotation starts, spelled in the source (under the future import, or for a
+#: 3.14 forward reference): those are not fields and structs refuses them.
+_PSEUDO = ("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar", "KW_ONLY", "dataclasses.KW_ONLY")
+
+
+def _is_pseudo_field(annotation: Any) -> bool:
+    """``ClassVar[...]``, ``InitVar[...]`` or ``KW_ONLY``, whether a string, a forward reference or the object."""
+    spelled = annotation if isinstance(annotation, str) else getattr(annotation, "__forward_arg__", None)
+    if isinstance(spelled, str):
+        return spelled.startswith(_PSEUDO)
+    # An evaluated annotation (a module without the future import).
+    return annotation is ClassVar or get_origin(annotation) is ClassVar or \
+        annotation is dataclasses.InitVar or isinstance(annotation, dataclasses.InitVar) or \
+        annotation is getattr(dataclasses, "KW_ONLY", MISSING)
+
 
 if TYPE_CHECKING:  # pragma: no cover - the type checker reads these as dataclass decorators
     from typing_extensions import dataclass_transform
@@ -41,14 +108,25 @@ else:
         return lambda decorator: decorator
 
 
+def _params(cls: Any, frozen: bool) -> None:
+    # What dataclass(frozen=...) records; read by dataclasses when a dataclass subclasses this one.
+    cls.__dataclass_params__ = SimpleNamespace(init=True, repr=True, eq=True, order=False, unsafe_hash=False,
+                                               frozen=frozen, match_args=False, kw_only=False, slots=False,
+                                               weakref_slot=False)
+
+
 def _collect(cls: Any, frozen: bool) -> dict[str, Field[Any]]:
     """The class's fields as ``dataclasses.Field`` objects, set where dataclasses keeps them."""
-    if _FIELD is None:
+    if not _MARKER_WORKS:  # the public path: dataclasses finds the fields (no methods: init/repr/eq are ours)
         dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
-        return cls.__dataclass_fields__  # type: ignore[no-any-return]
+        kept = {spec.name: spec for spec in dataclasses.fields(cls)}
+        if len(kept) != len(cls.__dataclass_fields__):  # ClassVar/InitVar pseudo-fields, refused as below
+            raise TypeError(f"{cls.__qualname__}: sharedfs.structs supports plain fields only")
+        _params(cls, frozen)
+        return kept
     found: dict[str, Field[Any]] = {}
-    for name, annotation in cls.__dict__.get("__annotations__", {}).items():
-        if str(annotation).replace("typing.", "").startswith(("ClassVar", "InitVar", "dataclasses.InitVar")):
+    for name, annotation in _annotations(cls).items():
+        if _is_pseudo_field(annotation):
             raise TypeError(f"{cls.__qualname__}.{name}: sharedfs.structs supports plain fields only")
         value = cls.__dict__.get(name, MISSING)
         if isinstance(value, Field):
@@ -65,9 +143,7 @@ def _collect(cls: Any, frozen: bool) -> dict[str, Field[Any]]:
             spec.kw_only = False  # type: ignore[attr-defined]
         found[name] = spec
     cls.__dataclass_fields__ = found
-    cls.__dataclass_params__ = SimpleNamespace(init=True, repr=True, eq=True, order=False, unsafe_hash=False,
-                                               frozen=frozen, match_args=False, kw_only=False, slots=False,
-                                               weakref_slot=False)
+    _params(cls, frozen)
     return found
 
 

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import pickle
 import pprint
+import sys
 from typing import Any, Callable, ClassVar, Mapping
 
 import pytest
@@ -213,14 +214,41 @@ def test_a_method_the_class_writes_is_kept() -> None:
 
 
 def test_without_dataclasses_private_field_mark_dataclasses_collects_the_fields(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dataclasses._FIELD`` is private: were it gone, the fields come from dataclasses itself, same behaviour."""
-    monkeypatch.setattr(structs, "_FIELD", None)
-    cls = frozen(_frozen_body("PointFallback"))
+    """``dataclasses._FIELD`` is private: a CPython without it (or not honouring it) gets dataclasses' fields."""
+    monkeypatch.setattr(structs, "_MARKER_WORKS", False)
+    cls: Any = frozen(_frozen_body("PointFallback"))
+    box_cls: Any = mutable(_mutable_body("BoxFallback"))
     a = cls(1, "a", tags={"k": "v"})
     assert a == cls(1, "a") and hash(a) == hash(cls(1, "a", note="n")) and a != cls(2, "a")
-    assert dataclasses.replace(a, z=2.0).z == 2.0
+    assert all(dataclasses.is_dataclass(x) for x in (cls, a, box_cls, box_cls(1)))
     assert [f.name for f in dataclasses.fields(a)] == ["x", "y", "z", "tags", "note"]
+    assert [f.name for f in dataclasses.fields(box_cls)] == ["size", "items"]
+    assert dataclasses.replace(a, z=2.0) == cls(1, "a", 2.0) and dataclasses.replace(box_cls(1), size=2) == box_cls(2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'w'"):
+        dataclasses.replace(a, w=1)
+    assert dataclasses.asdict(a) == {"x": 1, "y": "a", "z": 0.5, "tags": {"k": "v"}, "note": ""}
+    assert dataclasses.asdict(box_cls(1, [2])) == {"size": 1, "items": [2]}
+    assert cls.__dataclass_params__.frozen and not box_cls.__dataclass_params__.frozen
+    assert cls.z == 0.5 and not hasattr(cls, "tags") and box_cls.__hash__ is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.x = 3
     assert _shown(a) == _shown(PointDC(1, "a"))
+
+    class Counted:
+        """A class variable among the fields: dataclasses leaves it out of fields(), structs refuses it."""
+
+        a: int
+        b: ClassVar[int] = 0
+
+    with pytest.raises(TypeError, match="plain fields only"):
+        frozen(Counted)
+
+
+def test_the_private_field_mark_is_used_only_where_dataclasses_honours_it() -> None:
+    # Every CPython this project supports keeps _FIELD (3.9..3.14 checked): the fast path runs there.
+    assert structs._MARKER_WORKS or sys.version_info >= (3, 15)
+    assert structs._marker_works(dataclasses._FIELD) is structs._MARKER_WORKS  # type: ignore[attr-defined]
+    assert not structs._marker_works(None) and not structs._marker_works(object())  # one fields() would not keep
 
 
 def test_a_site_plugin_replaces_fields_of_the_kernels_structs_with_dataclasses() -> None:
