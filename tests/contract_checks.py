@@ -12,6 +12,7 @@ is filelock's documentation: the library defines it, and the same assertions run
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -179,8 +180,9 @@ def check_threads_do_not_share_a_hold_by_default(make: Callable[..., Any], which
     assert outcome == ["timeout"], f"a second thread {outcome} a held thread-local lock"
 
 
-def _interrupting(lock: Any, at: int | None) -> Callable[..., Any]:
-    """A profile hook that counts the calls handed ``lock`` and raises KeyboardInterrupt at call number ``at``.
+def _interrupting(lock: Any, at: int | None, error: Callable[[], BaseException] = KeyboardInterrupt
+                  ) -> Callable[..., Any]:
+    """A profile hook that counts the calls handed ``lock`` and raises ``error()`` at call number ``at``.
 
     It stands for a signal handler that raises (SIGINT, or a job's SIGTERM handler): the exception
     lands between two steps of an acquire or a release.  The count is kept on the hook.
@@ -189,19 +191,22 @@ def _interrupting(lock: Any, at: int | None) -> Callable[..., Any]:
         if event == "call" and any(value is lock for value in frame.f_locals.values()):
             hook.calls += 1  # type: ignore[attr-defined]
             if hook.calls == at:  # type: ignore[attr-defined]
-                raise KeyboardInterrupt
+                hook.raised = error()  # type: ignore[attr-defined]
+                raise hook.raised  # type: ignore[attr-defined]
 
     hook.calls = 0  # type: ignore[attr-defined]
+    hook.raised = None  # type: ignore[attr-defined]
     return hook
 
 
-def _run_interrupted(lock: Any, operation: Callable[[], Any], at: int | None) -> int:
-    hook = _interrupting(lock, at)
+def _run_interrupted(lock: Any, operation: Callable[[], Any], at: int | None,
+                     error: Callable[[], BaseException] = KeyboardInterrupt) -> int:
+    hook = _interrupting(lock, at, error)
     sys.setprofile(hook)
     try:
         operation()
-    except KeyboardInterrupt:
-        if at is None:
+    except BaseException as exc:
+        if exc is not hook.raised:  # type: ignore[attr-defined]  # only the error the hook raised is expected
             raise
     finally:
         sys.setprofile(None)
@@ -258,6 +263,93 @@ def check_acquire_interrupted_anywhere_leaves_one_holder_or_none(make: Callable[
         assert lock.is_locked != free, (f"an interrupt at call {at} of {points} in acquire(): "
                                         f"is_locked={lock.is_locked} and free for others={free}")
         lock.release(force=True)
+
+
+def _signal_handlers_oserror() -> OSError:
+    return OSError(errno.EIO, "raised by a signal handler")
+
+
+def check_a_release_that_raised_never_nests_into_a_lock_others_can_take(make: Callable[..., Any], which: str,
+                                                                       d: str) -> None:
+    """An errno-bearing error out of release() leaves it unknown whether the kernel let go (a signal
+    handler's error after the unlock, or the unlock's own).  While the object still reports the hold,
+    acquire() on it must refuse (filelock >= 4.3: RuntimeError until release() is retried,
+    tox-dev/filelock#1098) or nest into a hold the kernel really keeps: never into a lock another
+    lock object can take meanwhile (two holders).  A retried release() frees the lock."""
+    path = os.path.join(d, "uncertain.lock")
+    lock = make(path)
+    lock.acquire(timeout=5)
+    points = _run_interrupted(lock, lock.release, None)
+    assert points > 0 and _free(make, path)
+    for at in range(1, points + 1):
+        lock = make(path)
+        lock.acquire(timeout=5)
+        _run_interrupted(lock, lock.release, at, _signal_handlers_oserror)
+        if lock.is_locked:
+            try:
+                lock.acquire(timeout=0)
+            except RuntimeError:
+                pass  # refused until release() is retried
+            else:
+                others_could_take_it = _free(make, path)
+                lock.release()
+                assert not others_could_take_it, (f"an OSError at call {at} of {points} in release(): acquire() "
+                                                  "nested into a hold that another lock object could take")
+        lock.release()  # the caller's retry (a no-op once nothing is held)
+        for _ in range(2):
+            if lock.is_locked:
+                lock.release()
+        assert not lock.is_locked and _free(make, path), f"an OSError at call {at} of {points} in release(): " \
+                                                         "retried releases left the lock held"
+
+
+def check_on_acquired_is_never_handed_a_hard_link_others_could_plant(make: Callable[..., Any], which: str,
+                                                                    d: str) -> None:
+    """filelock >= 4.3 (tox-dev/filelock#1118): with an ``on_acquired`` callback, a lock file that has
+    another hard link in a directory other accounts can write is refused (PermissionError), so the
+    callback never writes through a planted link into another file; once the extra name is gone the
+    callback gets the lock.  (An existence lock hands the callback its own marker, never the lock
+    file: nothing to refuse.)  Without a callback hard-linked names share the lock (not checked here)."""
+    calls: list[int] = []
+    private = os.path.join(d, "links-private")
+    os.mkdir(private, 0o700)
+    try:
+        probe = make(os.path.join(private, "probe.lock"), timeout=0, on_acquired=calls.append)
+    except TypeError:
+        return  # filelock < 3.30 has no on_acquired: nothing is handed the descriptor
+    with probe:
+        pass
+    if not calls:
+        return  # the class drops the option (a subclass's **kwargs on filelock < 3.30, filelock#628)
+    shared = os.path.join(d, "links-shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)  # as /tmp: every account may add names
+    victim = os.path.join(shared, "victim")
+    with open(victim, "wb") as out:
+        out.write(b"keep me")
+    path = os.path.join(shared, "linked.lock")
+    os.link(victim, path)
+    calls.clear()
+
+    def write_holder(fd: int) -> None:
+        calls.append(fd)
+        os.write(fd, b"holder metadata")
+
+    lock = make(path, timeout=0, on_acquired=write_holder)
+    try:
+        lock.acquire()
+    except PermissionError as exc:
+        assert "hard link" in str(exc), str(exc)
+        assert not lock.is_locked and calls == [], (lock.is_locked, calls)
+    else:
+        lock.release()
+    with open(victim, "rb") as back:
+        kept = back.read()
+    assert kept == b"keep me", f"on_acquired wrote through the lock file's other hard link into another file: {kept!r}"
+    os.unlink(victim)
+    calls.clear()
+    with lock:
+        assert len(calls) == 1
 
 
 def check_timeout_message_is_filelocks(make: Callable[..., Any], which: str, d: str) -> None:

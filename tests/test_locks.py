@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import filelock
 import pytest
 from conftest import clean_env
 from locktools import run_workers
@@ -116,6 +118,45 @@ def test_an_existence_lock_is_not_blocked_by_a_leftover_native_lock_file(tmp_pat
     (tmp_path / "d.lock").write_text("")  # left by filelock.FileLock, which never deletes its file
     with sharedfs.lock(tmp_path / "d.lock", kind="soft", timeout=1) as lock:
         assert lock.marker == f"{tmp_path}/d.lock.held"
+
+
+def _wait_across_a_retargeted_symlink(make, tmp_path: Path) -> str:
+    """Hold a/x.lock; wait on link/x.lock (link -> a) while link is retargeted to b: "timeout" or "acquired"."""
+    tmp_path.mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "a")
+
+    def retarget() -> None:
+        (tmp_path / "new").symlink_to(tmp_path / "b")
+        os.replace(tmp_path / "new", link)
+
+    holder = make(str(tmp_path / "a" / "x.lock"))
+    waiter = make(str(link / "x.lock"))
+    with holder:
+        timer = threading.Timer(0.3, retarget)
+        timer.start()
+        try:
+            waiter.acquire(timeout=1.5, poll_interval=0.02)
+        except filelock.Timeout:
+            return "timeout"
+        finally:
+            timer.join()
+        waiter.release()
+        return "acquired"
+
+
+def test_a_wait_keeps_the_lock_file_its_acquire_began_with(tmp_path: Path, fresh_runtime) -> None:
+    # filelock >= 4.2.12 resolves the lock file's directory when an acquire begins and waits for
+    # that file (its claim_root): a symlink retargeted meanwhile cannot send the waiter to another
+    # file.  sharedfs opened the path again at every attempt and took b/x.lock while a/x.lock was
+    # held.  Older filelock follows the symlink at each attempt, and so does sharedfs with it.
+    stock = _wait_across_a_retargeted_symlink(filelock.FileLock, tmp_path / "stock")
+    ours = _wait_across_a_retargeted_symlink(sharedfs.lock, tmp_path / "sharedfs")
+    assert ours == stock
+    if hasattr(filelock.BaseFileLock, "_pin_lock_path"):
+        assert stock == "timeout"
 
 
 FALLBACK = """

@@ -76,7 +76,8 @@ class _Wait(threading.local):
 class _State:
     """Per lock object: the chosen kind, and the holds (by descriptor) of its threads."""
 
-    def __init__(self, lock_file: str, mode: int | None, policy: Policy, owner: str) -> None:
+    def __init__(self, lock_file: str, mode: int | None, policy: Policy, owner: str, *, callback: bool = False,
+                 marks_uncertain: bool = False) -> None:
         choice = choices.lock_choice(lock_file, policy)
         # The reason names the mount: one line per framework, mount and kind, not per lock.
         unpatched = ("; processes running without sharedfs (stock filelock on the same files) are not excluded "
@@ -84,7 +85,11 @@ class _State:
         decision(f"{owner} locks -> {choice.kind}: {choice.reason}{unpatched}")
         self.guard = threading.Lock()
         self.target = Target(lock_file, DEFAULT_MODE if mode is None else mode, policy, choice,
-                             choices.team_cache(os.path.dirname(lock_file), policy), explicit_mode=mode)
+                             choices.team_cache(os.path.dirname(lock_file), policy), explicit_mode=mode,
+                             callback=callback)
+        #: filelock >= 4.3 refuses a re-entrant acquire after a release whose unlock may or may not have
+        #: happened (its context's ``unlock_uncertain``); _release keeps that flag as filelock's own does.
+        self.marks_uncertain = marks_uncertain
         self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
         self.holds: dict[int, Hold] = {}
         self.waits = _Wait()  # per thread: when this wait began, next attempt, pause
@@ -127,32 +132,42 @@ class SharedFSLockMixin:
     _sharedfs_owner = "sharedfs"
     #: filelock >= 4 tracks descriptors for forks and signals; older releases read the field only.
     _sharedfs_tracks_fds = hasattr(filelock.BaseFileLock, "_mark_descriptor_owned")
+    #: filelock >= 4.2.12 pins each acquisition to the lock file's canonical path (``claim_root``: the
+    #: directory resolved when the acquire begins), so a directory change or a retargeted symlink during
+    #: the wait or the hold cannot redirect it; sharedfs locks that same path.
+    _sharedfs_pins_path = hasattr(filelock.BaseFileLock, "_pin_lock_path")
     #: The acquire after the mixin's in the MRO (filelock's, or the framework class's).
     _sharedfs_next_acquire: Any = filelock.BaseFileLock.acquire
 
     # -- what sharedfs adds, resolved on first use (constructing a lock costs nothing extra) ----
 
-    def _sharedfs(self) -> _State:
+    def _sharedfs(self, pinned: str | None = None) -> _State:
+        """This lock's state: for ``pinned`` (filelock's canonical path of this acquisition), else the lock file."""
         state = self.__dict__.get("_sharedfs_state")
         if state is None:
             given = os.fspath(self.lock_file)  # type: ignore[attr-defined]
             if not given:  # abspath("") is the working directory: fail as opening "" does
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), given)
-            mode = getattr(self._context, "mode", -1)  # type: ignore[attr-defined]
+            context = self._context  # type: ignore[attr-defined]
+            mode = getattr(context, "mode", -1)
             policy = self._sharedfs_policy or runtime.policy()
-            state = _State(os.path.abspath(given), None if mode is None or mode < 0 else mode, policy,
-                           self._sharedfs_owner)
+            state = _State(pinned or os.path.abspath(given), None if mode is None or mode < 0 else mode, policy,
+                           self._sharedfs_owner,
+                           callback=getattr(getattr(self, "_settings", None), "on_acquired", None) is not None,
+                           marks_uncertain=hasattr(type(context), "unlock_uncertain"))
             state.relative = not os.path.isabs(given)
             state = self.__dict__.setdefault("_sharedfs_state", state)
             _live.add(self)
         return state
 
-    def _sharedfs_here(self, state: _State) -> _State:
-        """A relative lock file names a file in the working directory of each acquisition, as for filelock."""
-        if state.holds or os.path.abspath(self.lock_file) == state.target.lock_file:  # type: ignore[attr-defined]
+    def _sharedfs_here(self, state: _State, pinned: str | None = None) -> _State:
+        """The lock file of this acquisition: filelock's pinned path, or (older filelock) a relative lock file
+        resolved in the working directory of each acquisition, as filelock does."""
+        path = pinned or os.path.abspath(self.lock_file)  # type: ignore[attr-defined]
+        if state.holds or path == state.target.lock_file:
             return state  # held (by another thread of a shared lock): the hold's file it stays
         self.__dict__.pop("_sharedfs_state", None)
-        return self._sharedfs()
+        return self._sharedfs(pinned)
 
     @property
     def choice(self) -> LockChoice:
@@ -171,8 +186,18 @@ class SharedFSLockMixin:
     # -- filelock's two methods -----------------------------------------------------------------
 
     def _acquire(self) -> None:
-        state = self.__dict__.get("_sharedfs_state") or self._sharedfs()
-        if state.relative and not (state.waiting and state.waits.missed):  # a wait keeps the file it began with
+        state = self.__dict__.get("_sharedfs_state")
+        if self._sharedfs_pins_path:
+            # filelock pinned this acquisition's path before its first attempt (None: a path without a last
+            # component, which fails to open); a wait keeps it, so it keeps its state.
+            pinned = self._context.claim_root  # type: ignore[attr-defined]
+            if state is None:
+                state = self._sharedfs(pinned)
+            elif pinned is not None and pinned != state.target.lock_file:
+                state = self._sharedfs_here(state, pinned)
+        elif state is None:
+            state = self._sharedfs()
+        elif state.relative and not (state.waiting and state.waits.missed):  # a wait keeps the file it began with
             state = self._sharedfs_here(state)
         # Only a waiter pays for the back-off and the node gate (and for reading its thread-local).
         wait = state.waits if state.waiting and state.waits.missed else None
@@ -243,6 +268,12 @@ class SharedFSLockMixin:
         # in between leaves a hold that filelock still reports and a retried release completes.
         hold = state.holds.get(fd)
         if hold is not None:
+            if state.marks_uncertain:
+                # As filelock >= 4.3's own _release (tox-dev/filelock#1098): an error raised from here on (a
+                # signal handler's, or the unlock's own) may come after the kernel let go.  Until a retried
+                # release() settles it, filelock refuses to nest an acquire into a hold that may be gone (two
+                # holders otherwise); _mark_descriptor_released clears the flag.
+                self._context.unlock_uncertain = True  # type: ignore[attr-defined]
             hold.kind.unlock(hold)
         state.holds.pop(fd, None)
         try:
@@ -439,6 +470,7 @@ def drop_in(original: type, policy: Policy, owner: str = __name__) -> type:
             "_sharedfs_policy": policy,
             "_sharedfs_owner": owner.rpartition(".")[2],
             "_sharedfs_tracks_fds": hasattr(original, "_mark_descriptor_owned"),
+            "_sharedfs_pins_path": hasattr(original, "_pin_lock_path"),
             "_sharedfs_next_acquire": original.acquire,  # type: ignore[attr-defined]
         })
         per_policy[policy] = made

@@ -88,6 +88,8 @@ class Target:
     explicit_mode: int | None = None
     #: How long this waiter has seen the current marker unchanged (leases, empty markers).
     watch: _marker.Watch = field(default_factory=_marker.Watch)
+    #: The lock hands its descriptor to a callback (filelock's ``on_acquired``), which may write through it.
+    callback: bool = False
 
     @property
     def marker(self) -> str:
@@ -345,6 +347,26 @@ def _refuse_if_removable(path: str, st: os.stat_result) -> None:
                                             f"{owner} or an administrator to run: rm -f {path}", path)
 
 
+def _refuse_if_linked(path: str, st: os.stat_result) -> None:
+    """Fail closed on a lock file with another hard link, before a callback is handed its descriptor.
+
+    Where another account may add names to the directory, it may have linked the lock file's name to
+    any file it can read and the victim can write (``fs.protected_hardlinks`` aside): a callback
+    writing holder metadata through the descriptor would overwrite that file.  filelock >= 4.3
+    refuses such a file for ``on_acquired`` (tox-dev/filelock#1118), and so does sharedfs, on every
+    filelock release that has the callback.  Without a callback nothing writes through the
+    descriptor, and hard-linked names keep sharing the lock.
+    """
+    directory = os.path.dirname(path) or "."
+    parent = os.stat(directory)  # an error here fails the acquire: cannot tell is not "safe"
+    if parent.st_uid not in (os.geteuid(), 0) or parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(errno.EACCES, f"Permission denied: the lock file has another hard link ({st.st_nlink} "
+                                            f"names) and other accounts can write {directory}: one of them may "
+                                            f"point at a file of yours, which on_acquired would then write to. "
+                                            f"Remove the extra name, or lock a file in a directory only you can "
+                                            f"write", path)
+
+
 def _cannot_create(path: str, directory: str) -> PermissionError:
     try:
         st = os.stat(directory)
@@ -424,6 +446,8 @@ class Native:
             st = os.fstat(fd)
             if st.st_nlink == 0:
                 return None
+            if st.st_nlink > 1 and target.callback:  # the common path (no callback) pays nothing for it
+                _refuse_if_linked(target.lock_file, st)
             if st.st_uid != os.geteuid() and target.team is None:
                 _refuse_if_removable(target.lock_file, st)
             if target.choice.marker or read_only:

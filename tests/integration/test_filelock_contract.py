@@ -15,11 +15,19 @@ KeyboardInterrupt (a raising signal handler) in release() left the lock held for
 process, one in acquire() could leave a hold nobody knew of, the Timeout's message was not
 filelock's, and with filelock 3.x a lock in a directory that did not exist yet waited forever
 (filelock 3.x creates it in the ``_acquire`` sharedfs replaces).
+
+Two more came with filelock 4.3.1's suite (tests/core, tests/native), where the drop-in failed
+four tests the stock class passes: after a release() whose unlock raised, acquire() on the same
+object nested into a hold the kernel may already have dropped (filelock 4.3 refuses until
+release() is retried, tox-dev/filelock#1098), and an ``on_acquired`` callback was handed a lock
+file hard-linked, in a directory others can write, to another file it then wrote into (filelock
+4.3 refuses it, tox-dev/filelock#1118; sharedfs does so on every filelock that has the callback).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +59,27 @@ def upstream_breaks(which: str) -> set[str]:
         # filelock 3.x's release() counts the hold down before _release() runs: after an interrupt
         # there, a retried release() finds the count at zero and never unlocks (seen on 3.19 and 3.23).
         breaks.add("check_release_interrupted_anywhere_then_retried_frees_the_lock")
-    return breaks
+    if Version(filelock.__version__) >= Version("4") and not hasattr(
+            type(filelock.FileLock(os.devnull)._context), "unlock_uncertain"):
+        # filelock 4.0 to 4.2 clear the descriptor after unlocking: an error in between leaves the object
+        # reporting the hold, and acquire() nests into it while another lock object can take the lock
+        # (4.3 refuses, tox-dev/filelock#1098).  3.x forgets the descriptor before unlocking: no such gap.
+        breaks.add("check_a_release_that_raised_never_nests_into_a_lock_others_can_take")
+    return breaks | newer_contract(which)
+
+
+def newer_contract(which: str) -> set[str]:
+    """Checks the stock class fails only because the installed filelock predates a fix that sharedfs's
+    replacement applies on every filelock: the replacement passes them.
+
+    filelock 3.30 to 4.2 hand ``on_acquired`` a lock file hard-linked to another file in a directory
+    others can write (4.3 refuses it, tox-dev/filelock#1118); before 3.30 there is no callback.
+    """
+    import filelock
+
+    if Version("3.30") <= Version(filelock.__version__) < Version("4.3"):
+        return {"check_on_acquired_is_never_handed_a_hard_link_others_could_plant"}
+    return set()
 
 
 def failed(results: dict) -> set[str]:
@@ -73,7 +101,8 @@ def test_the_framework_class_and_its_replacement_pass_the_same_contract(tmp_path
     replaced = run(which, tmp_path)
     assert not stock["class"].startswith("sharedfs") and replaced["class"].startswith("sharedfs.shims.")
     assert failed(stock) == upstream_breaks(which), stock  # the library defines the contract ...
-    assert failed(replaced) == failed(stock), replaced  # ... and the replacement keeps it (drop-in means identical)
+    # ... and the replacement keeps it (drop-in means identical), in the newest filelock's words.
+    assert failed(replaced) == failed(stock) - newer_contract(which), replaced
 
 
 @pytest.mark.parametrize("kind", ["auto", "posix", "soft"])
@@ -83,7 +112,7 @@ def test_sharedfs_lock_passes_filelocks_contract(tmp_path: Path, kind: str) -> N
     stock = run("filelock", tmp_path, SHAREDFS_DISABLE="1")
     ours = run("sharedfs", tmp_path, SHAREDFS_LOCK=kind)
     assert failed(stock) == upstream_breaks("filelock"), stock
-    assert failed(ours) == failed(stock), ours
+    assert failed(ours) == failed(stock) - newer_contract("filelock"), ours
     assert ours["class"] == "sharedfs.locks._api.SharedFSLock"
 
 
