@@ -26,6 +26,12 @@ RUN_ALL_TIMEOUT = 2400
 RUNNER = Path(__file__).resolve().parent.parent / "tests" / "upstream" / "run.py"
 
 
+def _short(module: str) -> str:
+    """A test module by its file name, a directory of them (filelock >= 4.3's tests/core) as ``core/``."""
+    name = module.rstrip("/").rsplit("/", 1)[-1]
+    return name if name.endswith(".py") else f"{name}/"
+
+
 def suite_rows(summary: dict) -> list[dict]:
     rows = []
     for suite in summary["suites"]:
@@ -49,7 +55,7 @@ def suite_rows(summary: dict) -> list[dict]:
         note = (f"{per_mode}; failing in both modes: {len(suite.get('failing_in_both', []))}; fail only with "
                 f"sharedfs: {', '.join(only_with) or 'none'}; only without: {', '.join(only_without) or 'none'}"
                 + (f"; flaky (not counted): {len(suite['flaky'])}" if suite.get("flaky") else ""))
-        rows.append(row(f"{name}: its own tests ({', '.join(m.rsplit('/', 1)[-1] for m in suite.get('modules', []))}), "
+        rows.append(row(f"{name}: its own tests ({', '.join(_short(m) for m in suite.get('modules', []))}), "
                         f"tests passed", counts["sharedfs"]["passed"], counts["baseline"]["passed"],
                         "tests", "same failing set", suite["status"] == "same", ratio=None,
                         note=note + f"; what they exercise: {suite.get('why', '')}"))

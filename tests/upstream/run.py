@@ -4,7 +4,8 @@
 For every framework sharedfs patches, at the release CI pins, this downloads the source
 distribution from the package index (``pip download --no-binary :all: --no-deps``), unpacks it,
 adds the glue the sdist lacks (tests/upstream/glue/, written for this project), and runs the
-modules that exercise what sharedfs patches:
+modules that exercise what sharedfs patches (for a suite whose tests moved between releases,
+those of the first Layout the sdist ships: filelock's since 4.3 are tests/core and tests/native):
 
 * once with ``SHAREDFS_DISABLE=1`` (sharedfs installs nothing: the baseline), and
 * once with sharedfs active and ``SHAREDFS_STRICT=1`` (an internal shim error raises).
@@ -38,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -65,6 +67,25 @@ MODE_ENV = {
 
 
 @dataclasses.dataclass
+class Layout:
+    """One arrangement of a suite's tests in its sdists; run.py takes the first one an sdist ships whole.
+
+    A suite whose project reorganised its tests (filelock 4.3 split tests/test_filelock.py into
+    tests/core/, tests/native/, ...) lists each arrangement, newest first, so the runner reads the
+    release installed whichever it is.  deselect.txt keys a layout's entries ``SUITE/NAME``.
+    """
+
+    name: str
+    modules: list[str]  # test files or directories, relative to the sdist root
+    #: Files under ``modules`` not collected at all (pytest --ignore), each with the reason.
+    ignore: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: An older arrangement no new release will ship: its deselections cover several releases, so
+    #: one naming a test this release lacks is reported, not an error (in the newest layout it is
+    #: an error: a test renamed upstream).
+    historic: bool = False
+
+
+@dataclasses.dataclass
 class Suite:
     name: str  # the framework, as in deselect.txt and the results
     dist: str  # its distribution on the package index
@@ -75,6 +96,8 @@ class Suite:
     prepare: list[str] = dataclasses.field(default_factory=list)  # glue scripts run with the tree as argument
     pytest_args: list[str] = dataclasses.field(default_factory=list)
     mirror: bool = False  # serve the tests' remote shards from 127.0.0.1 (glue/mirror.py)
+    #: Instead of ``modules``: the arrangements its releases ship, newest first (see Layout).
+    layouts: list[Layout] = dataclasses.field(default_factory=list)
 
 
 SUITES = [
@@ -82,12 +105,23 @@ SUITES = [
         name="filelock",
         dist="filelock",
         version=None,  # the release installed (sharedfs's own dependency)
-        modules=[
-            "tests/test_filelock.py",  # FileLock's contract: timeouts, re-entrancy, threads, forks, signals, errors
+        modules=[],  # chosen from layouts by what the sdist ships
+        layouts=[
+            # filelock >= 4.3: FileLock's contract is split by subject.  core/: BaseFileLock's
+            # acquire, release, re-entrancy, timeouts, threads, forks, signals, on_acquired,
+            # relative paths; native/: the Unix lock file (open, modes, identity, fallback, release).
+            # The other directories test other classes (SoftFileLock, ReadWriteLock, the async
+            # locks), which sharedfs does not replace.
+            Layout("split", ["tests/core", "tests/native"], ignore={
+                "tests/core/test_fork_async_backends.py": "BaseAsyncFileLock across fork, with pytest-asyncio (not "
+                                                          "installed): sharedfs replaces no async lock",
+            }),
+            # filelock <= 4.2 (3.19, 3.23 and 4.2 in the compatibility matrix and older images).
+            Layout("single", ["tests/test_filelock.py"], historic=True),
         ],
         why="the lock class sharedfs hands frameworks (drop_in of filelock.FileLock), judged by filelock's own tests",
         import_names=["filelock"],
-        # Its pyproject.toml configures pytest-asyncio, which test_filelock.py does not use; with its
+        # Its pyproject.toml configures pytest-asyncio, which the tests run here do not use; with its
         # filterwarnings=error the unknown option would end the run before the first test.
         pytest_args=["-p", "sharedfs_filelock_dropin", "-W", "ignore::pytest.PytestConfigWarning"],
     ),
@@ -177,7 +211,11 @@ def log(message: str) -> None:
 
 
 def read_deselect(path: Path = DESELECT_FILE) -> dict[str, list[tuple[str, str]]]:
-    """SUITE SELECTOR -- REASON lines -> {suite: [(selector, reason)]}."""
+    """SUITE SELECTOR -- REASON lines -> {suite: [(selector, reason)]}.
+
+    SUITE is ``NAME/LAYOUT`` for an entry of one of a suite's layouts (see Layout).
+    """
+    layouts = {f"{suite.name}/{layout.name}" for suite in SUITES for layout in suite.layouts}
     entries: dict[str, list[tuple[str, str]]] = {}
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.strip()
@@ -187,8 +225,52 @@ def read_deselect(path: Path = DESELECT_FILE) -> dict[str, list[tuple[str, str]]
         fields = head.split()
         if not sep or not reason.strip() or len(fields) != 2:
             raise SystemExit(f"{path}:{number}: expected 'SUITE SELECTOR -- REASON', got {raw!r}")
+        if "/" in fields[0] and fields[0] not in layouts:
+            raise SystemExit(f"{path}:{number}: no suite layout {fields[0]!r} in tests/upstream/run.py "
+                             f"(known: {', '.join(sorted(layouts))})")
         entries.setdefault(fields[0], []).append((fields[1], reason.strip()))
     return entries
+
+
+def _ships(source: Path, module: str) -> bool:
+    return (source / module).is_file() or (source / module).is_dir()
+
+
+def choose_layout(suite: Suite, source: Path) -> tuple[Layout | None, list[str]]:
+    """The first of the suite's layouts the sdist ships whole, and its modules; (None, modules) without layouts."""
+    for layout in suite.layouts:
+        if all(_ships(source, m) for m in layout.modules):
+            return layout, layout.modules
+    return None, suite.modules
+
+
+def stale_deselections(source: Path, modules: list[str],
+                       entries: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The entries that cannot apply to this sdist: (misplaced, missing).
+
+    misplaced: the entry's file is not among the modules run or not in the sdist (an entry filed
+    under the wrong layout); missing: the file defines no such test or class (renamed or removed
+    upstream).  pytest silently ignores a --deselect that matches nothing, so a stale entry would
+    otherwise stay in deselect.txt for good, and the test it meant would never be looked at again.
+    """
+    misplaced, missing = [], []
+    for selector, _ in entries:
+        if selector.startswith("marker:"):
+            continue
+        path, _, rest = selector.partition("::")
+        if not any(path == m or path.startswith(m.rstrip("/") + "/") for m in modules):
+            misplaced.append(f"{selector}: not under the modules run ({', '.join(modules)})")
+            continue
+        if not (source / path).is_file():
+            if rest or not (source / path).is_dir():
+                misplaced.append(f"{selector}: the sdist has no file {path}")
+            continue
+        text = (source / path).read_text(errors="replace")
+        for name in (n.split("[", 1)[0] for n in rest.split("::") if n):
+            if not re.search(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{re.escape(name)}\b", text, re.MULTILINE):
+                missing.append(f"{selector}: {path} defines no {name}")
+                break
+    return misplaced, missing
 
 
 def selection_args(deselected: list[tuple[str, str]]) -> list[str]:
@@ -482,9 +564,20 @@ def run_suite(python: str, suite: Suite, cache: Path, deselect: dict[str, list[t
         report["problem"] = f"could not get the sdist: {error}"
         return report
     report["sdist"] = sdist.name
-    shipped = [m for m in suite.modules if (source / m).is_file()]
+    layout, modules = choose_layout(suite, source)
+    if suite.layouts and layout is None:
+        report["status"] = "error"
+        report["problem"] = (f"{sdist.name} ships none of the test layouts tests/upstream/run.py knows for "
+                             f"{suite.name}: " + "; ".join(
+                                 f"{each.name}: {[m for m in each.modules if not _ships(source, m)]} missing"
+                                 for each in suite.layouts))
+        return report
+    report["modules"] = modules
+    if layout is not None:
+        report["layout"] = layout.name
+    shipped = [m for m in modules if _ships(source, m)]
     has_tests = any((source / d).is_dir() for d in ("tests", "test"))
-    if not suite.modules:
+    if not modules:
         if has_tests:
             report["status"] = "error"
             report["problem"] = (f"{sdist.name} now ships tests: choose the modules for {suite.name} in "
@@ -494,15 +587,32 @@ def run_suite(python: str, suite: Suite, cache: Path, deselect: dict[str, list[t
             report["problem"] = (f"{sdist.name} ships no tests (no tests/ directory); "
                                  "nothing of upstream's suite can run")
         return report
-    missing = sorted(set(suite.modules) - set(shipped))
+    missing = sorted(set(modules) - set(shipped))
     if missing:
         report["status"] = "error"
         report["problem"] = f"{sdist.name} does not ship {missing}"
         return report
 
     selected_deselect = deselect.get(suite.name, [])
+    if layout is not None:
+        selected_deselect = selected_deselect + deselect.get(f"{suite.name}/{layout.name}", [])
+        misplaced, gone = stale_deselections(source, modules, selected_deselect)
+        misplaced += [f"--ignore {path}: the sdist has no such file" for path in layout.ignore
+                      if not (source / path).is_file()]
+        if gone and layout.historic:
+            # The layout's entries cover several releases: one a release lacks is not stale.
+            report["notes"] += [f"deselect.txt {suite.name}/{layout.name}: {g} (in another release)" for g in gone]
+            gone = []
+        if misplaced or gone:
+            report["status"] = "error"
+            report["problem"] = (f"stale deselections for {sdist.name} ({suite.name}/{layout.name} in "
+                                 f"deselect.txt): " + "; ".join(misplaced + gone))
+            return report
     report["deselect"] = [{"selector": s, "reason": r} for s, r in selected_deselect]
     selection = selection_args(selected_deselect)
+    if layout is not None:
+        report["ignored"] = [{"path": path, "reason": why} for path, why in layout.ignore.items()]
+        selection += [f"--ignore={path}" for path in layout.ignore]
     runs: dict[str, dict[str, Any]] = {}
     for mode in MODES:
         run_dir = cache / "runs" / f"{suite.name}-{version}" / mode
@@ -510,7 +620,7 @@ def run_suite(python: str, suite: Suite, cache: Path, deselect: dict[str, list[t
         report["notes"] = sorted(set(report["notes"]) | set(notes))
         prepare_tree(python, suite, tree)
         log(f"{suite.name} {version}: {mode} ...")
-        runs[mode] = run_pytest(python, suite, mode, tree, run_dir, suite.modules, selection, args)
+        runs[mode] = run_pytest(python, suite, mode, tree, run_dir, modules, selection, args)
         c = counts(runs[mode])
         log(f"{suite.name} {version}: {mode}: {c['passed']} passed, {c['failed']} failed, "
             f"{c['skipped']} skipped in {runs[mode]['seconds']} s"
