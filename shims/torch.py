@@ -13,26 +13,51 @@ module is imported (never imported to be patched: ``torch._inductor`` costs seco
     built exactly as the user wrote it.
 
 ``torch.cpp_ext`` (``torch.utils.cpp_extension``)
-    ``load()`` -- how DeepSpeed JIT-compiles its ops -- serialises builds with a
-    ``FileBaton``: ``<build_dir>/lock`` created ``O_EXCL`` and removed only on the
-    normal path.  A builder killed by Slurm, the OOM killer or Ctrl-C leaves it, and
-    every later ``load()`` of that extension, on every node, spins in
-    ``FileBaton.wait()`` forever without a word (pytorch#189245).  The baton becomes
-    :class:`SharedFSBaton`: a sharedfs lock (holder record, so a dead builder is
-    recovered at once on its node and through Slurm elsewhere) around torch's own build,
-    and every process runs that build step (ninja: a no-op once built) under the lock
-    before it loads, so a build that died half-way is finished, never loaded.  The
+    ``load()`` -- how DeepSpeed JIT-compiles its ops -- serialises builds with
+    ``<build_dir>/lock``, in one of two ways, read from ``_jit_compile``'s code:
+
+    torch < 2.14: a ``FileBaton``, the file created ``O_EXCL`` and removed only on the
+    normal path.  A builder killed by Slurm, the OOM killer or Ctrl-C leaves it, and every
+    later ``load()`` of that extension, on every node, spins in ``FileBaton.wait()`` forever
+    without a word (pytorch#189245).  The baton becomes :class:`SharedFSBaton`: a sharedfs
+    lock (holder record, so a dead builder is recovered at once on its node and through
+    Slurm elsewhere) around torch's own build, and every process runs that build step
+    (ninja: a no-op once built) under the lock before it loads, so a build that died
+    half-way is finished, never loaded.
+
+    torch >= 2.14 (pytorch#189245's fix): ``with torch.utils._filelock.FileLock(<build_dir>/lock)``,
+    filelock's flock, which the kernel drops with a killed builder, and whoever takes it
+    builds (ninja) before loading.  On local disks that is the whole fix; on cluster storage
+    filelock's lock has the failures the ``torch.filelock`` shim below lists: NFS without
+    lockd fails every ``load()`` (ENOLCK); Lustre without ``-o flock`` (ENOSYS) makes
+    filelock >= 4.3 fall back to the file's existence, which a killed builder leaves and
+    which filelock breaks only on the same host and only where the filesystem can exchange
+    two names atomically (``renameat2``; NFS and most FUSE daemons cannot), so the rerun waits forever
+    (filelock 3.24-4.2 instead breaks torch's subclass in ``__exit__``, older filelock
+    raises); GPFS flock excludes one node only, so two nodes compile into one directory at
+    once.  cpp_extension's ``FileLock`` (bound at its import, so also rebound when
+    ``sharedfs.enable()`` comes after it) becomes a drop-in that holds the sharedfs lock and
+    then -- unless that already is a flock of the same file -- torch's own
+    ``<build_dir>/lock`` the way torch without sharedfs holds it on that filesystem (flock;
+    its existence where flock answers ENOSYS; nothing where nobody can lock:
+    :class:`StockLockFile`), so a builder of another environment (or ``SHAREDFS_DISABLE``)
+    sharing the directory waits for sharedfs's and is waited for.
+
+    A lock file that torch without sharedfs polls changes hands otherwise only in one
+    rename (:func:`replace_foreign`): the dead sharedfs builder's baton or lock file is
+    replaced, never removed and created again, so no poller finds it free in between.  The
     extensions root (``TORCH_EXTENSIONS_DIR``'s default) follows the cache placement.
 
 ``torch.filelock`` (``torch.utils._filelock``)
-    Inductor, Dynamo's profile cache and the Triton bundler take
-    ``torch.utils._filelock.FileLock`` (``filelock.FileLock``: flock) in the Inductor
-    cache.  Lustre without ``-o flock`` makes filelock >= 3.24 swap the lock's class
-    for ``SoftFileLock`` mid-acquire, after which torch's subclass fails in its own
-    ``__exit__`` (``InductorError: TypeError: super(type, obj): obj must be an instance
-    or subtype of type``); older filelock raises "FileSystem does not appear to support
-    flock"; NFS without lockd raises ENOLCK; GPFS flock excludes one node.  The class
-    becomes a :func:`sharedfs.locks.drop_in` of torch's own (its wait counters stay).
+    Inductor, Dynamo's profile cache, the Triton bundler and (torch >= 2.14) cpp_extension
+    take ``torch.utils._filelock.FileLock`` (``filelock.FileLock``: flock).  Lustre without
+    ``-o flock`` makes filelock 3.24-4.2 swap the lock's class for ``SoftFileLock``
+    mid-acquire, after which torch's subclass fails in its own ``__exit__`` (``TypeError:
+    super(type, obj): obj must be an instance or subtype of type``); filelock 4.3 falls back
+    without swapping (its soft lock then outlives a killed holder, see above); older filelock
+    raises "FileSystem does not appear to support flock"; NFS without lockd raises ENOLCK
+    with every filelock; GPFS flock excludes one node.  The class becomes a
+    :func:`sharedfs.locks.drop_in` of torch's own (its wait counters stay).
 
 ``torch.inductor`` (``torch._inductor.runtime.cache_dir_utils``)
     ``TORCHINDUCTOR_CACHE_DIR``'s default (``<tmp>/torchinductor_<user>``) follows the
@@ -48,6 +73,7 @@ that follows re-application and ``unpatch``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import inspect
@@ -232,26 +258,38 @@ class SharedFSBaton:
         record = HolderRecord.mine(self.policy.node_id, BATON_KIND).to_bytes()
         while True:
             held = _create_with(self.lock_file_path, record)
+            if held is None:
+                held = self._take_over_from_dead_sharedfs_builder(record)
             if held is not None:
                 self._held = held
                 return
-            if not self._remove_if_dead_sharedfs_builder():
-                self._wait_for_foreign_baton()
+            self._wait_for_foreign_baton()
 
-    def _remove_if_dead_sharedfs_builder(self) -> bool:
-        """True when the baton is gone now: released meanwhile, or left by a dead sharedfs builder and removed."""
+    def _take_over_from_dead_sharedfs_builder(self, record: bytes) -> tuple[int, int] | None:
+        """This process's baton in place of one a dead sharedfs builder left (identity), else ``None``.
+
+        Replaced in one rename (:func:`replace_foreign`), never removed and created again: torch
+        without sharedfs waiting in ``FileBaton.wait()`` would see it gone in between and load the
+        extension the dead builder left half-built.
+        """
         seen = _read(self.lock_file_path)
         if seen is None:
-            return True
+            return None  # released meanwhile: the next attempt creates it
         data, identity = seen
-        record = HolderRecord.parse(data) if data else None
-        if record is None or record.kind != BATON_KIND:
-            return False
+        left = HolderRecord.parse(data) if data else None
+        if left is None or left.kind != BATON_KIND:
+            return None
         # This process holds the lock every sharedfs builder holds while its baton exists: that builder is gone.
+        ours = _record_file(self.lock_file_path, record)
+        try:
+            mine = _identity(os.lstat(ours))
+            if not replace_foreign(self.lock_file_path, identity, ours):
+                return None
+        finally:
+            _unlink_quietly(ours)
         decision(f"torch extension build in {os.path.dirname(self.lock_file_path)} was left unfinished by "
-                 f"{record.describe()}, which is gone; building it again", level=logging.WARNING, every_rank=True)
-        _unlink_if_same(self.lock_file_path, identity)
-        return True
+                 f"{left.describe()}, which is gone; building it again", level=logging.WARNING, every_rank=True)
+        return mine
 
     def _wait_for_foreign_baton(self) -> None:
         """Wait, as torch does, while a baton of torch without sharedfs exists; say what it is after a while."""
@@ -361,23 +399,481 @@ def _unlink_if_same(path: str, identity: tuple[int, int]) -> None:
         pass
 
 
+def _record_file(path: str, data: bytes) -> str:
+    """A complete file holding ``data`` beside ``path`` (a name of sharedfs's own, never one torch polls)."""
+    temp = f"{path}.{uuid.uuid4().hex}.tmp"
+    fd = create_exclusive(temp, 0o666)
+    try:
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(temp)
+        raise
+    os.close(fd)
+    return temp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# -- foreign lock files: lock files that programs without sharedfs poll ---------------------------------
+#
+# One rule for them: sharedfs creates such a file whole (a hard link of a complete record), removes only
+# the one it holds itself, and otherwise lets it change hands only by an atomic replacement
+# (replace_foreign), never by removing it and creating it again: a program without sharedfs polling the
+# name (torch < 2.14's FileBaton.wait(), filelock's SoftFileLock) would find it free in between, and build
+# beside the new holder, or load what a dead builder left half-built.
+
+#: ``renameat2(2)`` flags: swap the two names in one step.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+#: Refusals of RENAME_EXCHANGE that mean "this filesystem cannot", as filelock reads them.
+_NO_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+@functools.lru_cache(maxsize=None)
+def _renameat2() -> Callable[..., int] | None:
+    """glibc's ``renameat2``, or ``None`` (another libc, or an old glibc): loaded only when a takeover needs it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only a takeover of a dead holder's file needs it
+
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if function is None:
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap the two names atomically; False when the filesystem (or the C library) cannot."""
+    function = _renameat2()
+    if function is None:
+        return False
+    import ctypes
+
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), first, None, second)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def replace_foreign(path: str, expected: tuple[int, int], source: str) -> bool:
+    """Put the file ``source`` names at ``path`` in place of the file ``expected`` identifies, in one step.
+
+    The one place sharedfs takes over a foreign lock file (one left by a holder that is gone):
+    ``path`` never goes missing on the way.  ``source`` keeps its name (a second link moves;
+    without hard links ``source`` itself moves).  With ``RENAME_EXCHANGE`` (what filelock >= 4.3
+    breaks a marker with) the file displaced is checked afterwards and swapped back when it was
+    not ``expected`` (somebody replaced it in between); a filesystem that refuses the exchange
+    (NFS, most FUSE daemons) gets a rename right after checking that ``expected`` is still there.
+    False when ``path`` is not ``expected`` (any more): nothing changed at ``path``.
+    """
+    swap = f"{path}.{uuid.uuid4().hex}.swap"
+    try:
+        os.link(source, swap)
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        os.rename(source, swap)
+    displaced_live = False
+    try:
+        try:
+            if _identity(os.lstat(path)) != expected:
+                return False
+        except FileNotFoundError:
+            return False
+        if _exchange(swap, path):
+            if _identity(os.lstat(swap)) == expected:
+                return True  # swap names the displaced file now: removed below
+            displaced_live = True  # not the file we judged: give it its name back
+            if not _exchange(swap, path):
+                raise OSError(errno.EIO, f"could not give {path} back to its holder after exchanging it; its file "
+                                         f"is at {swap}: move it back with mv -f {swap} {path}")
+            displaced_live = False
+            return False
+        os.rename(swap, path)
+        return True
+    finally:
+        if not displaced_live:  # never remove a live holder's file
+            _unlink_quietly(swap)
+
+
+# -- torch >= 2.14: torch.utils._filelock.FileLock(<build_dir>/lock) ------------------------------------
+
+FLOCK = "flock"
+EXISTENCE = "existence"
+#: How torch without sharedfs locks a file in each build directory probed so far (stock_mechanism).
+_mechanisms: dict[str, str | None] = {}
+#: Names of the second link a sharedfs holder keeps to an existence lock file it created: ``lock.<hex>.sharedfs``.
+_TWIN = re.compile(r"\.[0-9a-f]{32}\.sharedfs\Z")
+
+
+def stock_mechanism(directory: str) -> str | None:
+    """How torch without sharedfs (filelock's ``FileLock``) holds a lock file in ``directory``.
+
+    ``"flock"`` where flock works (filelock's Unix lock; the file stays after release);
+    ``"existence"`` where flock answers ENOSYS (filelock >= 3.24 falls back to ``SoftFileLock``
+    there: the lock is the file's existence, created ``O_EXCL``); ``None`` where flock fails
+    otherwise (ENOLCK: NFS without lockd), where filelock raises before it holds anything, so
+    no process without sharedfs holds such a file.  Asked once per directory, of a file of
+    sharedfs's own (creating the lock file itself would take the lock where existence is the lock).
+    Raises :class:`FileNotFoundError` while ``directory`` does not exist.
+    """
+    if directory in _mechanisms:
+        return _mechanisms[directory]
+    import fcntl
+
+    probe = os.path.join(directory, f".sharedfs-probe-{uuid.uuid4().hex}")
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        mechanism: str | None = FLOCK
+    except OSError as exc:
+        mechanism = EXISTENCE if exc.errno == errno.ENOSYS else None
+    finally:
+        os.close(fd)
+        _unlink_quietly(probe)
+    _mechanisms[directory] = mechanism
+    return mechanism
+
+
+class StockLockFile:
+    """torch's own ``<build_dir>/lock``, held the way torch without sharedfs holds it on its filesystem.
+
+    ``flock``: an exclusive flock of the file, which stays on disk (as filelock leaves it).
+    ``existence``: the file itself, made as a hard link of a complete record in filelock's
+    own format (``<pid>\\n<host>\\n``, which every filelock that reads records parses, and whose
+    holder it judges alive on this host as it judges its own), so no poller ever reads half a
+    record.  The holder keeps its first name, ``lock.<hex>.sharedfs``, while it holds: a second
+    link nobody without sharedfs makes, which is how the next sharedfs builder knows the file
+    was a sharedfs builder's.  That builder held the sharedfs lock the next one holds now, so
+    it is gone, and its file is taken over by :func:`replace_foreign`.  Any other holder's file
+    is waited for, as torch waits.
+    """
+
+    def __init__(self, path: str, mechanism: str) -> None:
+        self.path = path
+        self.mechanism = mechanism
+        self._fd: int | None = None  # flock: the locked descriptor
+        self._twin: str | None = None  # existence: this holder's first name of the file
+        self._held: tuple[int, int] | None = None
+        self.took_over: str | None = None  # existence: the dead sharedfs builder's twin this hold replaced
+
+    def try_acquire(self) -> bool:
+        return self._try_flock() if self.mechanism == FLOCK else self._try_existence()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        if self._held is not None:
+            held, self._held = self._held, None
+            _unlink_if_same(self.path, held)  # frees it; then the second name goes
+        if self._twin is not None:
+            twin, self._twin = self._twin, None
+            _unlink_quietly(twin)
+
+    def holder(self) -> str:
+        """Who holds the file, as far as its record says (for a long wait's message)."""
+        if self.mechanism == FLOCK:
+            return f"a live process (the kernel drops the flock of a dead one; `fuser -v {self.path}` on each node)"
+        try:
+            got = read_untrusted(self.path)
+        except FileNotFoundError:
+            return "nobody any more"
+        lines = got[0].decode("utf-8", "replace").split("\n") if got else []
+        if len(lines) >= 2 and lines[0].isdigit():
+            return f"pid {lines[0]} on {lines[1]}, by its record"
+        return "a process that left no record sharedfs can read"
+
+    # -- flock ---------------------------------------------------------------------------------------
+
+    def _try_flock(self) -> bool:
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except PermissionError:  # another user's lock file without group write: read-only does for flock
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                return False
+            raise
+        try:
+            if os.fstat(fd).st_nlink == 0 or _identity(os.lstat(self.path)) != _identity(os.fstat(fd)):
+                raise FileNotFoundError  # locked a file someone removed or replaced meanwhile: try again
+        except FileNotFoundError:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    # -- existence -----------------------------------------------------------------------------------
+
+    def _try_existence(self) -> bool:
+        try:
+            seen = os.lstat(self.path)
+        except FileNotFoundError:
+            return self._create()
+        return self._take_over_if_sharedfs(seen)
+
+    def _create(self) -> bool:
+        twin = self._new_twin()
+        try:
+            os.link(twin, self.path)
+        except FileExistsError:
+            if os.stat(twin).st_nlink < 2:  # NFS answers EEXIST for a retransmitted link of its own success
+                _unlink_quietly(twin)
+                return False
+        except OSError as exc:
+            _unlink_quietly(twin)
+            if exc.errno not in _NO_LINKS:
+                raise
+            # No hard links here: created O_EXCL and written at once, and no later builder can tell it was ours.
+            self._held = _create_unlinked(self.path, _stock_record())
+            return self._held is not None
+        self._twin, self._held = twin, _identity(os.stat(twin))
+        return True
+
+    def _take_over_if_sharedfs(self, seen: os.stat_result) -> bool:
+        left = self._twin_of(seen)
+        if left is None:
+            return False  # torch without sharedfs holds it (or left it): waited for, as torch waits
+        ours = self._new_twin()
+        try:
+            replaced = replace_foreign(self.path, _identity(seen), ours)
+        except BaseException:
+            _unlink_quietly(ours)
+            raise
+        if not replaced:
+            _unlink_quietly(ours)
+            return False
+        _unlink_quietly(left)
+        self._twin, self._held, self.took_over = ours, _identity(os.stat(ours)), left
+        return True
+
+    def _twin_of(self, seen: os.stat_result) -> str | None:
+        """The second name a sharedfs holder gave the file ``seen``, if it has one."""
+        if seen.st_nlink < 2:
+            return None
+        directory, base = os.path.split(self.path)
+        try:
+            names = os.listdir(directory or ".")
+        except OSError:
+            return None
+        for name in names:
+            if name.startswith(base) and _TWIN.match(name, len(base)):
+                candidate = os.path.join(directory, name)
+                try:
+                    if _identity(os.lstat(candidate)) == _identity(seen):
+                        return candidate
+                except FileNotFoundError:
+                    continue
+        return None
+
+    def _new_twin(self) -> str:
+        twin = f"{self.path}.{uuid.uuid4().hex}.sharedfs"
+        fd = create_exclusive(twin, 0o666)
+        try:
+            write_all(fd, _stock_record())
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(twin)
+            raise
+        os.close(fd)
+        return twin
+
+
+def _stock_record() -> bytes:
+    """filelock's soft-lock record of this process, in the two-line form every filelock that reads records parses."""
+    import socket
+
+    return f"{os.getpid()}\n{socket.gethostname()}\n".encode()
+
+
+class SharedFSBuildLock:
+    """In front of a drop-in of ``torch.utils._filelock.FileLock``: cpp_extension's build lock (torch >= 2.14).
+
+    ``acquire`` takes the sharedfs lock on ``<build_dir>/lock`` (its kind chosen for the
+    filesystem, with a holder record: a dead builder is recognised on any node), then --
+    unless that already is a flock of the file itself -- torch's own ``<build_dir>/lock`` the
+    way torch without sharedfs holds it there (:class:`StockLockFile`), waiting for it as
+    torch waits.  So a builder of another environment (or ``SHAREDFS_DISABLE``) sharing the
+    directory waits for sharedfs's builders and is waited for.  The last release lets go of
+    torch's file first.
+    """
+
+    lock_file: str
+    kind: str
+    timeout: float
+    _context: Any
+    _sharedfs_policy: Policy | None
+
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        if not self.__dict__.get("_sharedfs_fitted"):
+            self._fit_kind_to_stock_lock()
+        proxy = super().acquire(*args, **kwargs)  # type: ignore[misc]
+        fd = self._context.lock_file_fd
+        holds: dict[int, StockLockFile | None] = self.__dict__.setdefault("_sharedfs_stock", {})
+        if fd is None or fd in holds:
+            return proxy  # re-entered: this hold already has torch's file
+        try:
+            holds[fd] = self._hold_stock_file(started, args, kwargs)
+        except BaseException:
+            self.release()  # type: ignore[attr-defined]
+            raise
+        return proxy
+
+    def _fit_kind_to_stock_lock(self) -> None:
+        """Where torch's own lock is the file's existence (flock answers ENOSYS), sharedfs's lock on that file is an
+        existence lock (its marker) too: a native kind would open the file to lock it, create it, and leave it
+        behind, which torch without sharedfs takes for a lock held forever (a record-less marker)."""
+        try:
+            mechanism = stock_mechanism(os.path.dirname(os.path.abspath(self.lock_file)))
+        except FileNotFoundError:
+            return  # the build directory is not there yet: decided at the next acquire
+        self.__dict__["_sharedfs_fitted"] = True
+        policy = self._sharedfs_policy
+        if mechanism == EXISTENCE and policy is not None and policy.lock not in ("soft", "lease"):
+            self._sharedfs_policy = dataclasses.replace(policy, lock="soft", sources={
+                **policy.sources, "lock": "torch's build lock (torch's own lock file is its existence here)"})
+
+    def _release(self) -> None:
+        held = self.__dict__.get("_sharedfs_stock", {}).pop(self._context.lock_file_fd, None)
+        try:
+            if held is not None:
+                held.release()
+        finally:
+            super()._release()  # type: ignore[misc]
+
+    def _hold_stock_file(self, started: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> StockLockFile | None:
+        if self.kind == FLOCK:
+            return None  # the sharedfs lock is a flock of this very file: torch's own way already
+        path = os.path.abspath(self.lock_file)
+        mechanism = stock_mechanism(os.path.dirname(path))
+        if mechanism is None:
+            return None  # torch without sharedfs cannot lock here at all
+        how = "flock" if mechanism == FLOCK else "its existence"
+        decision(f"torch extension builds in {os.path.dirname(os.path.dirname(path))} also hold each build's "
+                 f"lock file as torch without sharedfs does there ({how}): builders in an environment without "
+                 "sharedfs wait for them and are waited for")
+        held = StockLockFile(path, mechanism)
+        timeout = kwargs.get("timeout", args[0] if args else None)
+        if timeout is None:
+            timeout = getattr(self, "timeout", -1)
+        blocking = kwargs.get("blocking", getattr(self, "blocking", True))
+        report_at = time.monotonic() + REPORT_AFTER
+        while not held.try_acquire():
+            now = time.monotonic()
+            if blocking is False or (timeout is not None and 0 <= timeout <= now - started):
+                from sharedfs.errors import LockTimeout
+
+                raise LockTimeout(path, f"The file lock '{path}' could not be acquired: sharedfs holds its own lock "
+                                        f"on it, and torch's own lock file is held by {held.holder()}, a torch "
+                                        "process without sharedfs (another environment, or SHAREDFS_DISABLE).")
+            if now >= report_at:
+                report_at = now + REPORT_EVERY
+                hint = ("" if mechanism == FLOCK else
+                        f" If no build of this extension runs on any node, remove it: rm -f {path}")
+                log.warning("still waiting after %.0f s for %s, the build lock of a torch process without sharedfs "
+                            "(another environment, or SHAREDFS_DISABLE), held by %s; torch waits for it as long.%s",
+                            now - started, path, held.holder(), hint)
+            time.sleep(0.1)
+        if held.took_over:
+            decision(f"{path} was left by a sharedfs builder that is gone (its second name {held.took_over}); "
+                     "taken over in one rename, building again", level=logging.WARNING, every_rank=True)
+        return held
+
+
+_build_lock_classes: dict[tuple[type, Policy], type] = {}
+
+
+def build_lock_class(own: type, policy: Policy) -> type:
+    """cpp_extension's ``FileLock`` under ``policy``: :class:`SharedFSBuildLock` on a drop-in of torch's ``own``."""
+    from sharedfs.locks import drop_in  # torch imported filelock for its own lock module already
+
+    with _baton_lock:
+        made = _build_lock_classes.get((own, policy))
+        if made is None:
+            made = type(own.__name__, (SharedFSBuildLock, drop_in(own, policy, __name__)), {
+                "__module__": __name__, "__qualname__": own.__qualname__,
+                "__doc__": f"sharedfs drop-in for {own.__module__}.{own.__qualname__} in torch.utils.cpp_extension: " +
+                           (SharedFSBuildLock.__doc__ or ""),
+            })
+            _build_lock_classes[(own, policy)] = made
+        return made
+
+
+def _torch_lock_class(current: type) -> type:
+    """torch's own class behind ``current`` (which may be a sharedfs drop-in bound at cpp_extension's import)."""
+    from sharedfs.locks import SharedFSLockMixin
+
+    for cls in current.__mro__:
+        if not issubclass(cls, (SharedFSLockMixin, SharedFSBuildLock)):
+            return cls
+    return current  # pragma: no cover - a drop-in always derives from the framework's class
+
+
+def _build_lock_in_use(module: ModuleType) -> str | None:
+    """Which build lock ``_jit_compile`` takes: ``"FileBaton"`` (torch < 2.14), ``"FileLock"`` (>= 2.14), or neither."""
+    code = getattr(module.__dict__.get("_jit_compile"), "__code__", None)
+    names = code.co_names if code is not None else ()
+    for name in ("FileLock", "FileBaton"):
+        if name in names and isinstance(module.__dict__.get(name), type):
+            return name
+    return None
+
+
 class TorchExtensionsShim(Shim):
     name = "torch.cpp_ext"
     target = "torch.utils.cpp_extension"
     distribution = "torch"
-    # _jit_compile's try_acquire/wait/release baton and get_default_build_root are unchanged since 1.x;
-    # tested with 2.13.0 (tests/integration/test_torch.py).
+    # _jit_compile's try_acquire/wait/release baton (< 2.14), its `with FileLock(<build_dir>/lock)` (>= 2.14)
+    # and get_default_build_root; tested with 2.13.0 and 2.14.1 (tests/integration/test_torch.py).
     supported = ">=2.1,<3"
     cache_env = "TORCH_EXTENSIONS_DIR"
     # torch._appdirs.user_cache_dir("torch_extensions"); torch adds py<ver>_<accelerator>/ below it.
     cache_default = "~/.cache/torch_extensions"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        original = module.__dict__.get("FileBaton")
-        # A torch whose _jit_compile took a real lock instead (pytorch#189245's fix) may keep FileBaton
-        # imported for compatibility; it then takes torch.utils._filelock.FileLock, the next shim's.
-        if isinstance(original, type) and not issubclass(original, SharedFSBaton):
-            self.patcher.setattr(module, "FileBaton", baton_class(original, policy))
+        # Which lock _jit_compile takes, read from its code: a release may keep the other name imported.
+        in_use = _build_lock_in_use(module)
+        if in_use == "FileBaton":
+            original = module.__dict__["FileBaton"]
+            if not issubclass(original, SharedFSBaton):
+                self.patcher.setattr(module, "FileBaton", baton_class(original, policy))
+        elif in_use == "FileLock":
+            # cpp_extension binds torch.utils._filelock.FileLock at its import: torch's own class when
+            # sharedfs.enable() comes later, the torch.filelock shim's drop-in otherwise.  Put back first
+            # what torch binds without sharedfs, so that unpatch() leaves torch's own class (that
+            # drop-in's policy is not this shim's to keep).
+            current = module.__dict__["FileLock"]
+            own = _torch_lock_class(current)
+            if current is not own:
+                module.__dict__["FileLock"] = own
+            self.patcher.setattr(module, "FileLock", build_lock_class(own, policy))
         _place_default(self, module, "get_default_build_root", _placed(context))
 
 
@@ -389,12 +885,16 @@ class TorchFileLockShim(Shim):
     target = "torch.utils._filelock"
     distribution = "torch"
     # torch.utils._filelock (filelock.FileLock plus wait counters) is what torch 2.x's compile caches
-    # import, each inside the function that locks or at module level after this module; tested with 2.13.0.
+    # import, each inside the function that locks or at module level after this module, and what
+    # cpp_extension builds under from 2.14; tested with 2.13.0 and 2.14.1.
     supported = ">=2.1,<3"
 
     #: Modules that bind FileLock by name at import: patched here only when already imported
     #: (sharedfs.enable() late); imported after this shim, they bind the replacement themselves.
-    LOCK_SITES = ("torch._inductor.select_algorithm", "torch._inductor.triton_bundler", "torch._inductor.cache")
+    #: cpp_extension (torch >= 2.14) then gets the torch.cpp_ext shim's build lock on top, unless
+    #: that shim is off.
+    LOCK_SITES = ("torch._inductor.select_algorithm", "torch._inductor.triton_bundler", "torch._inductor.cache",
+                  "torch.utils.cpp_extension")
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         # sharedfs.locks (and filelock, 44 M instructions) load when torch loads its own lock

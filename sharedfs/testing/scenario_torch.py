@@ -1,22 +1,37 @@
-"""A torch C++ extension build killed half-way, and the load() that comes after it.
+"""torch C++ extension builds on cluster storage: the failure the installed torch and filelock have, and its fix.
 
 ``torch.utils.cpp_extension.load()`` (how DeepSpeed, and so XTuner, JIT-compile ops)
-serialises builds with ``<build_dir>/lock``, created ``O_EXCL`` and removed only when
-the build returns.  A builder killed by Slurm, the OOM killer or Ctrl-C leaves it, and
-every later ``load()`` of that extension, on every node, waits forever without a word
-(pytorch#189245).  :func:`torch_extension_stale_lock` reproduces it without sharedfs and
-shows the rerun rebuilding with it; the tests (``tests/integration/test_torch.py``) use
-the same :class:`Toolchain` and programs.
+serialises builds with ``<build_dir>/lock``.  Which failure that lock has depends on the
+installed releases (:func:`case_for`):
+
+* torch < 2.14: a ``FileBaton``, the file created ``O_EXCL`` and removed only when the
+  build returns.  A builder killed by Slurm, the OOM killer or Ctrl-C leaves it, and every
+  later ``load()`` of that extension, on every node, waits forever without a word
+  (pytorch#189245), on any filesystem.
+* torch >= 2.14 (pytorch#189245's fix): ``torch.utils._filelock.FileLock`` (filelock's
+  flock), which the kernel drops with a killed builder: fixed upstream on a local disk.  On
+  cluster storage the lock has filelock's failures instead: NFS without lockd fails every
+  ``load()`` (ENOLCK, every filelock); Lustre without ``-o flock`` (ENOSYS) leaves a soft
+  lock behind a killed builder that hangs the rerun (filelock >= 4.3), breaks torch's
+  subclass in ``__exit__`` (filelock 3.24-4.2) or raises (older filelock); GPFS-like
+  ``localflock`` lets two nodes compile into one build directory at once.
+
+:func:`run_case` shows a case without sharedfs and then with it; the demo
+(:mod:`sharedfs.testing.scenarios`) and the tests (``tests/integration/test_torch.py``)
+run the same cases, with the same :class:`Toolchain` and programs.
 
 The extension (``torch_ext/answer.cpp``) includes ``Python.h`` only, so a build takes
 well under a second.  The compiler is a wrapper script (:class:`Toolchain`) that counts
-its compilations and can be held mid-compile, so "killed half-way" is exact, not a race.
+its compilations and can be held mid-compile, so "killed half-way" and "two builds at
+once" are exact, not races.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,8 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
-__all__ = ["EXTENSION", "LOAD", "SOURCE", "Toolchain", "ToolchainMissing", "TorchScenario", "kill_mid_build",
-           "run_load", "start_load", "torch_extension_stale_lock", "toolchain"]
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["EXTENSION", "FILELOCK_TORCH", "FIXED_UPSTREAM", "LOAD", "PROFILES", "SOURCE", "UPSTREAM_FIX", "Case",
+           "Toolchain", "ToolchainMissing", "TorchScenario", "builds_under_filelock", "case_for", "filelock_on_enosys",
+           "kill_mid_build", "release", "run_case", "run_load", "start_load", "toolchain",
+           "torch_extension_stale_lock"]
 
 SOURCE = Path(__file__).with_name("torch_ext") / "answer.cpp"
 EXTENSION = "sharedfs_answer"
@@ -195,7 +214,7 @@ def _session_members(session: int) -> list[int]:
 
 
 class TorchScenario(NamedTuple):
-    """What :func:`torch_extension_stale_lock` saw: did the rerun load the extension, without and with sharedfs."""
+    """What :func:`run_case` saw: did the program succeed, without and with sharedfs."""
 
     ok_without: bool
     ok_with: bool
@@ -203,36 +222,218 @@ class TorchScenario(NamedTuple):
     with_sharedfs: str
 
 
-def torch_extension_stale_lock(work: Path, env: Mapping[str, str] | None = None, *,
-                               hang_after: float = 10.0) -> TorchScenario:
-    """A ``load()`` killed mid-build, then a rerun of it: without sharedfs (it waits forever: shown by
-    ``hang_after`` seconds), and with sharedfs (the dead builder's lock is broken and the rerun rebuilds).
+# -- which failure the installed releases have ----------------------------------------------------
 
-    ``work`` is an empty directory (the extensions root goes below it; put it on a hostile mount to
-    show the same on Lustre or NFS); ``env`` the base environment (default: this process's, without
-    ``SHAREDFS_*``).  Raises :class:`ToolchainMissing` when no C++ compiler, ninja or Python.h is here.
+#: From this torch release on, ``_jit_compile`` holds ``torch.utils._filelock.FileLock(<build_dir>/lock)``
+#: instead of a ``FileBaton`` (pytorch#189245's fix).
+FILELOCK_TORCH = (2, 14)
+UPSTREAM_FIX = "torch 2.14"
+#: How a failure fixed upstream for the installed torch is reported (the demo's verdict, the tests' ids).
+FIXED_UPSTREAM = f"fixed upstream in {UPSTREAM_FIX} (sharedfs keeps older releases safe)"
+#: The filesystems a case runs on: ``None`` is the local disk, the others are hostilefs profiles.
+PROFILES: tuple[str | None, ...] = (None, "nfs-nolock", "lustre-noflock", "localflock")
+
+
+def release(distribution: str) -> tuple[int, ...] | None:
+    """The installed ``distribution``'s release numbers (``2.14.1+cu130`` -> ``(2, 14, 1)``), from its metadata."""
+    try:
+        return Version(importlib.metadata.version(distribution)).release
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return None
+
+
+def builds_under_filelock(torch_release: tuple[int, ...] | None = None) -> bool:
+    """Whether the installed torch builds extensions under filelock (>= 2.14), not a ``FileBaton``."""
+    found = release("torch") if torch_release is None else torch_release
+    return found is not None and found >= FILELOCK_TORCH
+
+
+def filelock_on_enosys(filelock_release: tuple[int, ...] | None = None) -> str:
+    """What the installed filelock's ``FileLock`` does where flock answers ENOSYS (Lustre without ``-o flock``).
+
+    ``"raises"`` (< 3.24: "FileSystem does not appear to support flock"); ``"swaps-class"``
+    (3.24-4.2: falls back to ``SoftFileLock`` by changing the lock's class mid-acquire, which
+    breaks a subclass's ``super()`` -- torch's, in ``__exit__``); ``"soft-fallback"`` (>= 4.3:
+    the same lock object holds the file's existence, a soft lock a killed holder leaves behind).
     """
-    base = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("SHAREDFS_")}
+    found = release("filelock") if filelock_release is None else filelock_release
+    if found is None or found < (3, 24):
+        return "raises"
+    return "swaps-class" if found < (4, 3) else "soft-fallback"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way ``<build_dir>/lock`` fails on one filesystem, for the installed torch and filelock."""
+
+    profile: str | None  # None: the local disk; else the hostilefs profile
+    #: ``"killed"`` (a build is killed half-way, then rerun), ``"first-load"`` (the first load() fails),
+    #: ``"two-nodes"`` (two nodes load at once).
+    story: str
+    #: The test id, and the demo's words for the failure.
+    key: str
+    #: What the failing side's evidence contains (a test asserts it).
+    expect: str
+    #: The installed torch fixed this one itself: the side without sharedfs must succeed.
+    fixed_upstream: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.profile or 'local-disk'}-{self.key}"
+
+
+def case_for(profile: str | None, torch_release: tuple[int, ...] | None = None,
+             filelock_release: tuple[int, ...] | None = None) -> Case:
+    """The failure ``<build_dir>/lock`` has on ``profile`` with the installed (or the given) releases."""
+    if not builds_under_filelock(torch_release):
+        return Case(profile, "killed", "stale-baton", "waits for it forever")
+    if profile is None:
+        return Case(profile, "killed", "fixed-upstream-in-torch-2.14", "rebuilt", fixed_upstream=True)
+    if profile == "nfs-nolock":
+        return Case(profile, "first-load", "ENOLCK", "No locks available")
+    if profile == "localflock":
+        return Case(profile, "two-nodes", "two-nodes-compile-at-once", "2 compilations at once")
+    if profile == "lustre-noflock":
+        behaviour = filelock_on_enosys(filelock_release)
+        if behaviour == "soft-fallback":
+            return Case(profile, "killed", "ENOSYS-soft-lock-outlives-the-killed-builder", "waits for it forever")
+        if behaviour == "swaps-class":
+            return Case(profile, "first-load", "ENOSYS-class-swap", "super(type, obj): obj must be an instance")
+        return Case(profile, "first-load", "ENOSYS-raises", "does not appear to support flock")
+    raise ValueError(f"no torch build case for the filesystem profile {profile!r}")
+
+
+# -- running a case: without sharedfs, then with it -------------------------------------------------
+
+SIDES: tuple[tuple[str, dict[str, str]], ...] = (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {}))
+
+
+def run_case(case: Case, work: Path, root: Path, env: Mapping[str, str] | None = None, *,
+             hang_after: float = 10.0) -> TorchScenario:
+    """Run ``case`` without sharedfs, then with it, building into ``root/<side>/torch_extensions``.
+
+    ``work`` is an empty local directory (the compiler wrapper goes there); ``root`` the
+    directory on the case's filesystem (the local disk, or a hostilefs mount of
+    ``case.profile``); ``env`` the base environment (default: this process's), without its
+    ``SHAREDFS_*`` settings but with a ``LD_PRELOAD`` fault library's (``SHAREDFS_FAULT_*``,
+    :mod:`sharedfs.testing.preload`).  A program that hangs is shown hanging for
+    ``hang_after`` seconds; one that recovers gets a minute.  Raises
+    :class:`ToolchainMissing` when no C++ compiler, ninja or Python.h is here.
+    """
+    base = {k: v for k, v in (os.environ if env is None else env).items()
+            if not k.startswith("SHAREDFS_") or k.startswith("SHAREDFS_FAULT_")}
     chain = toolchain(work)
-    results = []
-    for side, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
-        extensions = work / side / "torch_extensions"
-        side_env = chain.env(base, extensions, **extra)
-        kill_mid_build(chain, side_env)
-        started = time.monotonic()
-        # The hang is shown for hang_after seconds; a rerun that recovers gets a minute (a loaded machine).
-        rerun = answer(run_load(side_env, hang_after if side == "without" else max(hang_after, 60.0)))
-        took = time.monotonic() - started
-        left = extensions / EXTENSION / "lock"
-        if rerun is None or rerun.get("answer") != 42:
-            results.append((False, f"the rerun's load() still waited after {hang_after:.0f} s: the killed build left "
-                                   f"{left.relative_to(work)}{' (empty)' if _empty(left) else ''}, and torch waits "
-                                   "for it forever"))
-        else:
-            results.append((True, f"the rerun rebuilt the extension and loaded it in {took:.1f} s (the killed "
-                                  "builder's lock named it, and it was gone)"))
+    run = {"killed": _killed, "first-load": _first_load, "two-nodes": _two_nodes}[case.story]
+    results = [run(case, chain, root / side / "torch_extensions", {**base, **extra}, side == "without", hang_after)
+               for side, extra in SIDES]
     (ok_without, without), (ok_with, with_sharedfs) = results
     return TorchScenario(ok_without, ok_with, without, with_sharedfs)
+
+
+def _killed(case: Case, chain: Toolchain, extensions: Path, base: dict[str, str], plain: bool,
+            hang_after: float) -> tuple[bool, str]:
+    """A ``load()`` SIGKILLed mid-compile, then a rerun on the same node: does the rerun load the extension?"""
+    env = chain.env(base, extensions)
+    kill_mid_build(chain, env)
+    started = time.monotonic()
+    # The hang is shown for hang_after seconds; a rerun that recovers gets a minute (a loaded machine).
+    rerun = answer(run_load(env, hang_after if plain and not case.fixed_upstream else max(hang_after, 60.0)))
+    took = time.monotonic() - started
+    left = extensions / EXTENSION / "lock"
+    shown = Path(*left.parts[-4:])
+    if rerun is None or rerun.get("answer") != 42:
+        if case.key == "stale-baton":
+            what = f"{shown}{' (empty)' if _empty(left) else ''}, and torch waits for it forever"
+        else:
+            what = (f"{shown} ({_soft_record(left)}), a soft lock filelock breaks only on its own host and only by "
+                    "an atomic exchange of names this filesystem refuses, so it waits for it forever")
+        return False, f"the rerun's load() still waited after {hang_after:.0f} s: the killed build left {what}"
+    if plain and case.fixed_upstream:
+        return True, (f"the rerun rebuilt the extension and loaded it in {took:.1f} s: {UPSTREAM_FIX} holds a "
+                      "flock, which went with the killed builder (pytorch#189245's fix)")
+    if case.key == "stale-baton":
+        return True, (f"the rerun rebuilt the extension and loaded it in {took:.1f} s (the killed builder's lock "
+                      "named it, and it was gone)")
+    return True, (f"the rerun rebuilt the extension and loaded it in {took:.1f} s (no lock outlived the killed "
+                  "builder: sharedfs knew its holder was gone)")
+
+
+def _first_load(case: Case, chain: Toolchain, extensions: Path, base: dict[str, str], plain: bool,
+                hang_after: float) -> tuple[bool, str]:
+    """The first ``load()`` of an extension: does it build and load?"""
+    started = time.monotonic()
+    done = run_load(chain.env(base, extensions), max(hang_after, 120.0))
+    if answer(done) is not None:
+        return True, f"load() built the extension and loaded it in {time.monotonic() - started:.1f} s"
+    if done is None:
+        return False, "load() hung"
+    return False, f"load() failed: {_error_line(done.stderr)}"
+
+
+def _two_nodes(case: Case, chain: Toolchain, extensions: Path, base: dict[str, str], plain: bool,
+               hang_after: float) -> tuple[bool, str]:
+    """Node a builds (held mid-compile); node b loads the same extension meanwhile: does b compile too?"""
+    from .nodes import node_env
+
+    on_a = chain.env(node_env("a", base), extensions)
+    on_b = chain.env(node_env("b", base), extensions)
+    before = chain.compiles()
+    chain.hold()
+    try:
+        builder = start_load(on_a)
+        _wait_for_compiles(chain, before + 1, builder, 60.0)
+        second = start_load(on_b)
+        deadline = time.monotonic() + max(hang_after, 8.0)  # b imports torch (2-3 s), then reaches the lock
+        while chain.compiles() < before + 2 and time.monotonic() < deadline and second.poll() is None:
+            time.sleep(0.05)
+        at_once = chain.compiles() - before
+    finally:
+        chain.let_go()
+    done = [answer(finish(proc, 120.0)) for proc in (builder, second)]
+    total = chain.compiles() - before
+    if any(result is None or result.get("answer") != 42 for result in done):
+        return False, f"{sum(r is not None for r in done)}/2 nodes loaded the extension ({total} compilations)"
+    if at_once > 1:
+        return False, (f"{at_once} compilations at once: node b compiled the extension into the same build "
+                       "directory while node a's build ran (flock excludes processes of one node only)")
+    return True, f"node b waited for node a's build and loaded it: {total} compilation for 2 nodes"
+
+
+def _wait_for_compiles(chain: Toolchain, count: int, proc: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while chain.compiles() < count:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the build ended before it compiled: {proc.communicate()[1][-2000:]}")
+        if time.monotonic() > deadline:
+            _kill_session(proc)
+            raise RuntimeError(f"the build did not start compiling within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def _error_line(stderr: str) -> str:
+    """The exception a failed load() ended with (its last ``SomethingError: ...`` line), shortened."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Timeout): ", line)]
+    return (errors or lines or ["(no output)"])[-1][:160]
+
+
+def _soft_record(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").split("\n")
+    except OSError:
+        return "gone"
+    return f"pid {lines[0]}'s record" if lines and lines[0].isdigit() else "no record"
+
+
+def torch_extension_stale_lock(work: Path, env: Mapping[str, str] | None = None, *,
+                               hang_after: float = 10.0) -> TorchScenario:
+    """A ``load()`` killed mid-build on the local disk, then a rerun, without and with sharedfs (:func:`run_case`).
+
+    torch < 2.14: the rerun waits forever for the killed builder's baton without sharedfs;
+    torch >= 2.14 recovers by itself (:data:`FIXED_UPSTREAM`).  ``work`` is an empty
+    directory (the extensions root goes below it too).
+    """
+    return run_case(case_for(None), work, work, env, hang_after=hang_after)
 
 
 def _empty(path: Path) -> bool:

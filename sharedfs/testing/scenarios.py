@@ -34,7 +34,7 @@ import sys
 import textwrap
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -685,17 +685,49 @@ def broadcast_trap(sim: Sim) -> tuple[Outcome, Outcome]:
     return outcomes[0], outcomes[1]
 
 
-def torch_extension(sim: Sim) -> tuple[Outcome, Outcome]:
-    """A ``cpp_extension.load`` (how DeepSpeed builds its ops) SIGKILLed mid-compile; the rerun must load it."""
-    from .scenario_torch import ToolchainMissing, torch_extension_stale_lock
+def _torch_case(sim: Sim, profile: str | None) -> tuple[Outcome, Outcome]:
+    """The failure torch's extension build lock has on ``profile`` (None: the local disk) with the installed
+    torch and filelock (:func:`sharedfs.testing.scenario_torch.case_for`), without and with sharedfs."""
+    from .scenario_torch import ToolchainMissing, case_for, run_case
 
-    work = sim.work / "torch-extension"
+    sim.counter += 1
+    work = sim.work / ("torch-extension" if profile is None else f"torch-extension-{sim.counter}")
     work.mkdir()
+    root, env = (work, sim.base_env) if profile is None else sim.shared_dir(profile)
     try:
-        result = torch_extension_stale_lock(work, sim.base_env, hang_after=5)
+        result = run_case(case_for(profile), work, root, env, hang_after=5)
     except ToolchainMissing as exc:
         raise ScenarioSkipped(str(exc)) from None
     return Outcome(not result.ok_without, result.without), Outcome(not result.ok_with, result.with_sharedfs)
+
+
+def torch_extension(sim: Sim) -> tuple[Outcome, Outcome]:
+    """A ``cpp_extension.load`` (how DeepSpeed builds its ops) SIGKILLed mid-compile; the rerun must load it."""
+    return _torch_case(sim, None)
+
+
+def torch_extension_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
+    """torch >= 2.14 on NFS without lockd: its build lock is filelock's flock, which answers ENOLCK."""
+    return _torch_case(sim, "nfs-nolock")
+
+
+def torch_extension_enosys(sim: Sim) -> tuple[Outcome, Outcome]:
+    """torch >= 2.14 on Lustre without ``-o flock``: what the installed filelock does on ENOSYS."""
+    from .scenario_torch import filelock_on_enosys
+
+    if not sim.fuse and filelock_on_enosys() == "soft-fallback":
+        # filelock >= 4.3 breaks a dead holder's soft lock on its own host by exchanging two names, which the
+        # local disk under the LD_PRELOAD fallback can do and a FUSE (or NFS) client cannot: nothing to show here.
+        why = f" ({sim.why_not_fuse})" if sim.why_not_fuse else ""
+        raise ScenarioSkipped(f"needs FUSE{why}: a filesystem that refuses RENAME_EXCHANGE, as a FUSE Lustre client "
+                              "does (under the LD_PRELOAD fallback the local disk lets filelock >= 4.3 break the "
+                              "killed builder's lock on this host)")
+    return _torch_case(sim, "lustre-noflock")
+
+
+def torch_extension_two_nodes(sim: Sim) -> tuple[Outcome, Outcome]:
+    """torch >= 2.14 on GPFS-like storage whose flock excludes one node only: two nodes build at once."""
+    return _torch_case(sim, "localflock")
 
 
 @dataclass(frozen=True)
@@ -708,6 +740,48 @@ class Scenario:
     needs: tuple[str, ...] = ()
     #: What the scenario shows, in one sentence (the HTML/Markdown report).
     story: str = ""
+    #: The installed release of its framework fixed this failure itself ("torch 2.14"): without sharedfs it
+    #: succeeds, and the demo says so instead of counting it as not fixed.
+    upstream_fix: str = ""
+
+
+def _torch_scenarios() -> tuple[Scenario, ...]:
+    """torch's build lock, as the installed torch and filelock fail (torch missing: the scenario it is skipped as).
+
+    torch < 2.14 builds under a ``FileBaton`` that a killed builder leaves behind, on any filesystem.
+    torch >= 2.14 holds filelock's lock instead: fixed upstream on a local disk, but NFS without
+    lockd, Lustre without ``-o flock`` and GPFS-like node-local flock each fail it their own way.
+    """
+    from .scenario_torch import UPSTREAM_FIX, builds_under_filelock, filelock_on_enosys
+
+    killed = Scenario("torch C++ extension build killed half-way", "pytorch#189245", torch_extension,
+                      needs=("torch",), story="A cpp_extension.load() (how DeepSpeed builds its ops) is SIGKILLed "
+                                              "mid-compile; the rerun must load the extension.")
+    if not builds_under_filelock():
+        return (killed,)
+    enosys = {
+        "soft-fallback": "filelock >= 4.3 falls back to a soft lock (the file's existence); a load() is SIGKILLed "
+                         "mid-compile, and the rerun must load the extension.",
+        "swaps-class": "filelock 3.24-4.2 swaps the lock's class for SoftFileLock mid-acquire, which breaks "
+                       "torch's FileLock subclass in __exit__.",
+        "raises": "filelock before 3.24 raises where flock answers ENOSYS.",
+    }[filelock_on_enosys()]
+    return (
+        replace(killed, upstream_fix=UPSTREAM_FIX,
+                story=killed.story + f" {UPSTREAM_FIX} holds a flock instead of a baton, which the kernel drops "
+                                     "with the killed builder."),
+        Scenario("torch C++ extension build on NFS without lockd (ENOLCK)", "pytorch#189245", torch_extension_enolck,
+                 needs=("torch",), story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which NFS without lockd "
+                                         "refuses with ENOLCK: every load() fails, the first build included."),
+        Scenario("torch C++ extension build on Lustre without -o flock (ENOSYS)", "pytorch#189245",
+                 torch_extension_enosys, needs=("torch",),
+                 story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which this Lustre answers with ENOSYS: "
+                       + enosys),
+        Scenario("torch C++ extensions built by two nodes at once (GPFS, localflock)", "pytorch#189245",
+                 torch_extension_two_nodes, True, needs=("torch",),
+                 story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which excludes processes of one node only: "
+                       "node b loads the extension while node a builds it."),
+    )
 
 
 SCENARIOS = (
@@ -738,7 +812,5 @@ SCENARIOS = (
     Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
              broadcast_trap, needs=("datasets",),
              story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
-    Scenario("torch C++ extension build killed half-way", "pytorch#189245", torch_extension, needs=("torch",),
-             story="A cpp_extension.load() (how DeepSpeed builds its ops) is SIGKILLed mid-compile; the rerun "
-                   "must load the extension."),
+    *_torch_scenarios(),
 )
