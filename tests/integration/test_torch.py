@@ -201,7 +201,8 @@ def test_four_processes_on_two_nodes_loading_at_once_compile_once(
     assert chain.compiles() == 1
 
 
-def builds_beside(chain: Toolchain, builder_env: dict[str, str], waiter_env: dict[str, str]) -> bool:
+def builds_beside(chain: Toolchain, builder_env: dict[str, str], waiter_env: dict[str, str], *,
+                  window: float = 6.0) -> bool:
     """Start a build (held mid-compile), then a second load() of the same extension: does the second compile
     while the first builds?  When it does not, both must load the extension in the end (when it does, either may
     fail: two compilers and linkers wrote one build directory, "file too short" is one way it ends)."""
@@ -215,7 +216,7 @@ def builds_beside(chain: Toolchain, builder_env: dict[str, str], waiter_env: dic
             assert time.monotonic() < deadline, "the first build did not start compiling within 60 s"
             time.sleep(0.05)
         waiter = start_load(waiter_env)
-        deadline = time.monotonic() + 6  # long enough to import torch and reach the lock
+        deadline = time.monotonic() + window  # long enough to import torch and reach the lock (ends if it compiles)
         while chain.compiles() == before + 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         beside = chain.compiles() > before + 1
@@ -248,7 +249,8 @@ def test_torch_without_sharedfs_in_the_same_directory_waits_for_sharedfs_and_is_
     root = tmp_path if profile is None else hostile_mount(profile).path
     if FILELOCK_BUILDS:
         env = chain.env(clean_env({"SHAREDFS_DISABLE": "torch.cpp_ext"}), root / "drop-in-only")
-        assert builds_beside(chain, env, chain.env(clean_env({"SHAREDFS_DISABLE": "1"}), root / "drop-in-only")), \
+        assert builds_beside(chain, env, chain.env(clean_env({"SHAREDFS_DISABLE": "1"}), root / "drop-in-only"),
+                             window=30), \
             "torch without sharedfs should compile beside a lock it does not see"
     for builder_extra, waiter_extra in (({"SHAREDFS_DISABLE": "1"}, {}), ({}, {"SHAREDFS_DISABLE": "1"})):
         where = root / ("plain-builds" if builder_extra else "sharedfs-builds")
