@@ -61,7 +61,7 @@ def test_every_requirement_of_the_main_environment_is_pinned_to_what_its_file_sa
 
 
 @pytest.mark.skipif(not (ROOT / ".venv").exists() or Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
-                    reason="checks the main environment (.venv) only; the compatibility cells pin their own")
+                    reason="checks the main environment (.venv) only: the compatibility cells pin their own, the bare unit-test venvs install sharedfs alone")
 def test_the_main_environment_runs_the_pinned_releases() -> None:
     drift = []
     for name, pinned in _pins().items():
