@@ -6,14 +6,14 @@ that ``site`` has not already imported, and is a top-level module of its own
 (as virtualenv's ``_virtualenv.py``): starting an interpreter does not import
 the ``sharedfs`` package at all.  It installs itself as a ``sys.meta_path``
 finder that notices when a target framework has *finished* executing and only
-then hands over to :mod:`sharedfs.onimport` (what runs once a target is found;
+then hands over to :mod:`sharedfs.startup.onimport` (what runs once a target is found;
 kept out of this module, whose every byte each interpreter unmarshals) and
-:mod:`sharedfs.activation` (pluggy, metadata, policy, shims).
+:mod:`sharedfs.startup.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
 
 This module sits above the kernel (an entry point, like the CLI): it imports
 the package only when a target has been imported, and nothing in the kernel
-imports it except :mod:`sharedfs.control` and the CLI's status.
+imports it except :mod:`sharedfs.startup.control` and the CLI's status.
 """
 
 import sys
@@ -23,7 +23,7 @@ import sys
 # dearer (Py_FinalizeEx; benchmarks/startup.py counts it).
 
 # The bootstrap reads one variable.  Its name and values are spelled here as well as in
-# ``sharedfs.envvars`` because every module imported at start-up costs every process
+# ``sharedfs.model.envvars`` because every module imported at start-up costs every process
 # ~0.15 ms; tests/test_shim.py checks that the two agree.
 DISABLE = "SHAREDFS_DISABLE"
 TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
@@ -52,7 +52,7 @@ TARGETS = {
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:
 #: module -> (shim name, class attribute).  On import the class gets a stand-in
-#: (:mod:`sharedfs.standin`, stdlib only) and sharedfs itself -- pluggy, the plugins, the
+#: (:mod:`sharedfs.machinery.standin`, stdlib only) and sharedfs itself -- pluggy, the plugins, the
 #: policy -- loads on the first lock, not at the import (a quarter of `from huggingface_hub
 #: import hf_hub_download`).  Any SHAREDFS_DISABLE value takes the eager path instead.
 STAND_INS = {
@@ -133,9 +133,9 @@ def add_targets(module_names):
 
 
 def _activate(module_name):
-    # What happens once a target has been imported lives in the package (sharedfs.onimport):
+    # What happens once a target has been imported lives in the package (sharedfs.startup.onimport):
     # this module is loaded by every interpreter, and its size is paid by every start-up.
-    from sharedfs.onimport import activate
+    from sharedfs.startup.onimport import activate
 
     activate(module_name)
 
@@ -160,7 +160,7 @@ def find_spec(fullname, path, target=None):
         _busy.discard(fullname)
     if spec is None or spec.loader is None:
         return None
-    from sharedfs.onimport import hook_exec_module
+    from sharedfs.startup.onimport import hook_exec_module
 
     hook_exec_module(spec.loader, fullname)
     return spec

@@ -59,7 +59,7 @@ WAITER = textwrap.dedent("""
         # This simulated node's /dev/shm: its ranks, and only they, share Slurm's answers.
         slurm.SHARED_PARENTS = (os.environ["SHAREDFS_CACHE_ROOT"],)
         if how == "ungated":  # every rank asks the filesystem and the scheduler itself
-            from sharedfs import gates
+            from sharedfs.cluster import gates
             gates.try_enter = lambda key: -1
             slurm.SHARED_CACHE = False
         lock = sharedfs.lock(target, timeout=600)

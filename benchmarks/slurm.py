@@ -100,9 +100,9 @@ def one_round(cluster, work: Path, which: str, timeout: float, index: int) -> di
 
 def query_costs(cluster) -> dict:
     os.environ["SLURM_CONF"] = str(cluster.conf)
-    from sharedfs import runtime
+    from sharedfs.machinery import runtime
+    from sharedfs.model.records import HolderRecord
     from sharedfs.plugins import slurm as plugin
-    from sharedfs.records import HolderRecord
 
     job = cluster.sbatch("#!/bin/sh\nsleep 60\n", "-w", "n1")
     cluster.wait_state(job, {"RUNNING"})

@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 import stat
 
-from sharedfs._policy import CachePlacement, CacheRequest, Policy
-from sharedfs.dirs import node_local_dir
-from sharedfs.hookspecs import hookimpl
+from sharedfs.cluster.dirs import node_local_dir
+from sharedfs.types import CachePlacement, CacheRequest, Policy, hookimpl
 
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first

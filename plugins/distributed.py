@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Mapping
 
-from sharedfs.hookspecs import hookimpl
-from sharedfs.identity import ProcessIdentity
+from sharedfs.types import ProcessIdentity, hookimpl
 
 
 def _int(environ: Mapping[str, str], name: str) -> int | None:

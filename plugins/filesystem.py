@@ -1,12 +1,12 @@
 """Built-in plugin: what each cluster filesystem can do for locking.
 
-Pure knowledge: :func:`classify` looks only at a :class:`~sharedfs.fsinfo.Mount`
+Pure knowledge: :func:`classify` looks only at a :class:`~sharedfs.model.fsinfo.Mount`
 (fstype, mount options, statfs magic) and touches no file.  Every rule says
 why, with the public source it comes from (upstream issue threads by repository
 and number, and the filesystems' own documentation).
 
 The vocabulary (``coherent`` / ``node-local`` / ``absent``) is defined in
-:mod:`sharedfs.fsinfo`.  When the mount options cannot tell, the rule answers
+:mod:`sharedfs.model.fsinfo`.  When the mount options cannot tell, the rule answers
 with the weaker claim: a lock wrongly believed coherent lets two nodes write
 the same cache entry, while a lock wrongly believed node-local only costs the
 slower existence lock.  A site that knows better (say, BeeGFS with
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sharedfs.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, FsInfo, Mount, magic_name
-from sharedfs.hookspecs import hookimpl
+from sharedfs.model.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, magic_name
+from sharedfs.types import FsInfo, Mount, hookimpl
 
 __all__ = ["classify", "sharedfs_classify_filesystem"]
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import os
 
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.records import HolderRecord, process_start_time
+from sharedfs.model.records import process_start_time
+from sharedfs.types import HolderRecord, Policy, hookimpl
 
 
 @hookimpl(tryfirst=True)

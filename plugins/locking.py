@@ -13,9 +13,8 @@ at run time (its node's lockd died) stays mutually exclusive with the rest.
 
 from __future__ import annotations
 
-from sharedfs._policy import LockChoice, Policy
-from sharedfs.fsinfo import COHERENT, NODE_LOCAL, FsInfo
-from sharedfs.hookspecs import hookimpl
+from sharedfs.model.fsinfo import COHERENT, NODE_LOCAL
+from sharedfs.types import FsInfo, LockChoice, Policy, hookimpl
 
 NATIVE = ("flock", "posix")  # cheapest first
 

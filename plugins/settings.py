@@ -17,11 +17,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from sharedfs import envvars
-from sharedfs._policy import Layer
 from sharedfs.errors import ConfigError
-from sharedfs.hookspecs import hookimpl
-from sharedfs.settings import BY_NAME, SETTINGS
+from sharedfs.model import envvars
+from sharedfs.model.settings import BY_NAME, SETTINGS
+from sharedfs.types import Layer, hookimpl
 
 FILE_PRIORITY = 100
 ENV_PRIORITY = 200

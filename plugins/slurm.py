@@ -57,13 +57,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
-from sharedfs._policy import Layer, Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.identity import ProcessIdentity
-from sharedfs.publish import publish
-from sharedfs.records import HolderRecord
-from sharedfs.safefile import NOFOLLOW, read_untrusted
-from sharedfs.structs import frozen
+from sharedfs.fs.publish import publish
+from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
+from sharedfs.model.structs import frozen
+from sharedfs.types import HolderRecord, Layer, Policy, ProcessIdentity, hookimpl
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -573,7 +570,7 @@ def _read_cache(path: str, key: str) -> tuple[float, SlurmFacts] | None:
 
 
 def _write_cache(directory: str, path: str, key: str, expires: float, facts: SlurmFacts) -> None:
-    """Publish the answer whole (sharedfs.publish): the node's other ranks read it at any moment."""
+    """Publish the answer whole (sharedfs.fs.publish): the node's other ranks read it at any moment."""
     data = json.dumps({"key": key, "expires": expires, "facts": facts.to_json()}, separators=(",", ":"),
                       ensure_ascii=False)
     try:

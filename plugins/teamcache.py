@@ -23,7 +23,7 @@ A directory is a team cache when
 
 sharedfs then creates its lock files and markers there with group read/write and
 that group, whatever the creator's umask (``sharedfs.locks``), and gives the group
-what the frameworks create in their caches there (``sharedfs.teamfiles``).
+what the frameworks create in their caches there (``sharedfs.cluster.teamfiles``).
 Nothing outside such a directory is widened.
 """
 
@@ -33,11 +33,10 @@ import grp
 import os
 import stat
 
-from sharedfs._policy import Policy, TeamCache
+from sharedfs.cluster.teamfiles import default_acl_group
 from sharedfs.errors import ConfigError
-from sharedfs.hookspecs import hookimpl
-from sharedfs.records import group_name
-from sharedfs.teamfiles import default_acl_group
+from sharedfs.model.records import group_name
+from sharedfs.types import Policy, TeamCache, hookimpl
 
 #: The group may enter and list a directory: it is not private on purpose.
 _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP

@@ -1,9 +1,14 @@
 """sharedfs: one lock/cache policy for ML frameworks on cluster shared filesystems.
 
-This module is imported by the ``.pth`` autoloader in every Python process, so
-it defines names only; the public API below is imported on first attribute
-access (PEP 562), which keeps interpreter start-up at a fraction of a
-millisecond.
+The ``.pth`` autoloader does not import this package: its finder
+(``_sharedfs_bootstrap``) imports :mod:`sharedfs.startup` once a target framework
+has been imported.  This module defines names only; the public API below is
+imported on first attribute access (PEP 562), so ``import sharedfs`` stays cheap.
+
+The folders are the kernel's layers, each importing only those below it
+(docs/architecture.md): ``commands`` > ``startup`` > ``shardcache`` > ``locks`` >
+``cluster`` > ``machinery`` > ``model`` > ``fs``.  Plugins and shims import
+:mod:`sharedfs.types` (their types and ``hookimpl``) and the public modules.
 
 Public API::
 
@@ -31,15 +36,14 @@ if MYPY:  # pragma: no cover
 # checkout, ``autoload/checkout/`` holds two symlinks to exactly those folders, and
 # adding it to ``__path__`` makes ``sharedfs.plugins`` resolve in both cases at the cost
 # of one stat() (hatchling cannot remap directories in editable mode).  Not the checkout
-# root itself: that would make ``sharedfs.tests`` or a second ``sharedfs.sharedfs.runtime``
+# root itself: that would make ``sharedfs.tests`` or a second ``sharedfs.sharedfs.machinery.runtime``
 # importable.
 _here = _os.path.dirname(__file__)
 if not _os.path.isdir(_os.path.join(_here, "plugins")):  # pragma: no branch
     __path__.append(_os.path.join(_os.path.dirname(_here), "autoload", "checkout"))  # noqa: F821
 
 # A submodule must not share a public function's name: importing ``sharedfs.X`` sets the
-# package attribute ``X`` to the module, so ``sharedfs.policy()`` lives in ``runtime`` and the
-# Policy class in ``_policy``.
+# package attribute ``X`` to the module, so ``sharedfs.policy()`` lives in machinery.runtime.
 _LAZY = {
     "__version__": "_version",
     "ConfigError": "errors",
@@ -47,19 +51,19 @@ _LAZY = {
     "SharedFSError": "errors",
     "UnsafeDirectoryError": "errors",
     "WaitTimeout": "errors",
-    "policy": "runtime",
-    "configure": "activation",
-    "disable": "control",
-    "enable": "control",
-    "Policy": "_policy",
-    "Layer": "_policy",
-    "LockChoice": "_policy",
-    "CachePlacement": "_policy",
+    "policy": "machinery.runtime",
+    "configure": "startup.activation",
+    "disable": "startup.control",
+    "enable": "startup.control",
+    "Policy": "model.policy",
+    "Layer": "model.policy",
+    "LockChoice": "model.policy",
+    "CachePlacement": "model.policy",
     "lock": "locks",
-    "makedirs": "dirs",
-    "wait_for": "dirs",
-    "node_local_dir": "dirs",
-    "main_process_first": "dist",
+    "makedirs": "cluster.dirs",
+    "wait_for": "cluster.dirs",
+    "node_local_dir": "cluster.dirs",
+    "main_process_first": "cluster.dist",
 }
 
 __all__ = list(_LAZY)

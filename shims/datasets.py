@@ -31,7 +31,7 @@ Four more changes, each for a failure no filelock release can fix:
   directory there 2755 and every file 0644, so the next member of the group
   cannot add a dataset or a map result, nor open a lock file for writing
   (datasets#7900, datasets#6589, datasets#2065).  The cache root is watched
-  (:mod:`sharedfs.teamfiles`): what this process creates under it is given to the
+  (:mod:`sharedfs.cluster.teamfiles`): what this process creates under it is given to the
   group -- directories g+rwx and setgid, files g+rw, by descriptor and only this
   user's entries -- before each datasets lock is tried or released, when
   ``download_and_prepare`` and ``map`` return (including what ``num_proc``
@@ -51,14 +51,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs import choices, teamfiles
-from sharedfs._policy import Policy
-from sharedfs.dirs import node_local_root
+from sharedfs.cluster import teamfiles
+from sharedfs.cluster.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
-from sharedfs.hookspecs import hookimpl
 from sharedfs.locks import drop_in, lock
-from sharedfs.log import decision
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.machinery import choices
+from sharedfs.machinery.log import decision
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 #: Modules that bind ``FileLock`` by name at import time.
 LOCK_SITES = (

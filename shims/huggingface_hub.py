@@ -32,7 +32,7 @@ cannot add a blob, a snapshot or a lock file, and the first download of a new fi
 fails with ``PermissionError`` on its lock -- or, with sharedfs before this change,
 waited for that lock forever.  The hub cache (``HF_HUB_CACHE``, and the cache of a
 ``cache_dir=`` argument, found from its ``.locks`` directory) is watched
-(:mod:`sharedfs.teamfiles`): what this process creates there is given to the group
+(:mod:`sharedfs.cluster.teamfiles`): what this process creates there is given to the group
 -- directories g+rwx and setgid, files g+rw, by descriptor and only this user's --
 before each hub lock is tried (the directories the hub made for the download exist
 by then) or released (the blob and the snapshot link are in place by then), at
@@ -46,11 +46,9 @@ from importlib import import_module
 from types import ModuleType
 from typing import Callable
 
-from sharedfs import teamfiles
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
+from sharedfs.cluster import teamfiles
 from sharedfs.locks import drop_in
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 #: The hub's lock helper; its module is this shim's target (see ``_sharedfs_bootstrap.TARGETS``).
 FIXES = "huggingface_hub.utils._fixes"

@@ -32,11 +32,9 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.log import decision
-from sharedfs.publish import Publication, publish
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.fs.publish import Publication, publish
+from sharedfs.machinery.log import decision
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 #: The name users write in ``custom_hooks=[dict(type="SharedFSHook")]``.
 HOOK_NAME = "SharedFSHook"
@@ -209,7 +207,7 @@ def make_mkdir_or_exist(original: Callable[..., None]) -> Callable[..., None]:
     def mkdir_or_exist(dir_name: Any, mode: int = 0o777) -> None:
         if dir_name == "":
             return
-        from sharedfs.dirs import makedirs
+        from sharedfs.cluster.dirs import makedirs
 
         makedirs(os.path.expanduser(dir_name), mode)
 
@@ -220,7 +218,7 @@ def make_mkdir_or_exist(original: Callable[..., None]) -> Callable[..., None]:
 
 
 def make_atomic_put(original: Callable[..., None], mode: str) -> Callable[..., None]:
-    """``LocalBackend.put`` (``mode="wb"``) / ``put_text`` (``"w"``): published whole (sharedfs.publish)."""
+    """``LocalBackend.put`` (``mode="wb"``) / ``put_text`` (``"w"``): published whole (sharedfs.fs.publish)."""
 
     def put_whole(obj: Any, filepath: Any, encoding: str | None) -> None:
         import mmengine  # loaded: this runs inside mmengine's own backend
@@ -264,7 +262,7 @@ def make_find_latest_checkpoint(original: Callable[[str], Any]) -> Callable[[str
     def find_latest_checkpoint(path: str) -> Any:
         found = original(path)
         if found and "://" not in found and not os.path.exists(found):
-            from sharedfs.dirs import wait_for
+            from sharedfs.cluster.dirs import wait_for
 
             wait_for(found, what=f"checkpoint {found} named by {os.path.join(path, 'last_checkpoint')}")
         return found
@@ -298,7 +296,7 @@ def make_load_or_resume(original: Callable[[Any], None]) -> Callable[[Any], None
         if resume_from is None:
             return None  # nothing to resume on rank 0, so on no rank: all start together
         if not is_main_process():
-            from sharedfs.dirs import wait_for
+            from sharedfs.cluster.dirs import wait_for
 
             # Non-collective wait: rank 0 published it by rename, so once visible it is complete.
             wait_for(resume_from, what=f"checkpoint {resume_from} chosen by rank 0 for resuming")

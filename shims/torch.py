@@ -7,7 +7,7 @@ module is imported (never imported to be patched: ``torch._inductor`` costs seco
     ``num_workers=16`` copied from a workstation config onto a Slurm task that owns
     2 CPUs starts 16 processes on 2 cores, and for webdataset/wids every one of them
     opens, downloads and caches shards on its own.  ``DataLoader.__init__`` gets the
-    worker count capped (:mod:`sharedfs.workers`: CPU affinity, ``SLURM_CPUS_PER_TASK``,
+    worker count capped (:mod:`sharedfs.cluster.workers`: CPU affinity, ``SLURM_CPUS_PER_TASK``,
     the cgroup quota, or ``SHAREDFS_MAX_WORKERS``) -- only for datasets a framework
     shim claimed (webdataset and wids register a predicate); any other DataLoader is
     built exactly as the user wrote it.
@@ -88,13 +88,10 @@ import uuid
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs import workers
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.log import decision
-from sharedfs.records import HolderRecord
-from sharedfs.safefile import create_exclusive, read_untrusted, write_all
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.cluster import workers
+from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
+from sharedfs.machinery.log import decision
+from sharedfs.types import HolderRecord, Policy, Shim, ShimContext, hookimpl
 
 log = logging.getLogger("sharedfs")
 

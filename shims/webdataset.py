@@ -17,7 +17,7 @@ markers, one evictor per cache; the coordination files beside the cache, never
 in it, so webdataset's own listing and size accounting see only shards), an
 atomic ``download``, an in-use-safe ``LRUCleanup``, the cache placement the
 kernel decided (``context.cache``) for ``FileCache(cache_dir=None)``, and the
-DataLoader worker cap for webdataset pipelines (:mod:`sharedfs.workers`).
+DataLoader worker cap for webdataset pipelines (:mod:`sharedfs.cluster.workers`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from types import ModuleType
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from sharedfs._policy import CachePlacement, Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.log import decision
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.machinery.log import decision
+from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, hookimpl
 
 CHUNK = 1024 * 1024
 
@@ -48,8 +46,7 @@ class WebDatasetShim(Shim):
     cache_default = "./_cache"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        from sharedfs import workers
-
+        from sharedfs.cluster import workers
         cache = sys.modules["webdataset.cache"]
         original_cleanup = cache.LRUCleanup
         cleanup = make_lru_cleanup(original_cleanup, policy)

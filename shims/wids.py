@@ -34,10 +34,8 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from sharedfs._policy import CachePlacement, Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.log import decision
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.machinery.log import decision
+from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -72,8 +70,7 @@ class WidsShim(Shim):
         return SUPPORTED[self.distribution]
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        from sharedfs import workers
-
+        from sharedfs.cluster import workers
         dl = sys.modules["wids.wids_dl"]
         core = sys.modules["wids.wids"]
         original = dl.download_and_open

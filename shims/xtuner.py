@@ -36,10 +36,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs import choices
-from sharedfs._policy import Policy
-from sharedfs.hookspecs import hookimpl
-from sharedfs.shim import Shim, ShimContext
+from sharedfs.machinery import choices
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 #: XTuner's own variable: minutes to wait for the dataset preparers.
 TIMEOUT_ENV = "XTUNER_DATASET_TIMEOUT"

@@ -105,8 +105,8 @@ def fresh_runtime(monkeypatch: pytest.MonkeyPatch):
     """
     import types
 
-    from sharedfs import activation, choices, runtime
-
+    from sharedfs.machinery import choices, runtime
+    from sharedfs.startup import activation
     for key in list(os.environ):
         if key.startswith(("SHAREDFS_", "SLURM")):
             monkeypatch.delenv(key)

@@ -25,9 +25,9 @@ import time
 def _site_plugin(path: str) -> None:
     from dataclasses import replace
 
-    from sharedfs import runtime
-    from sharedfs.fsinfo import FsInfo, mount_for
-    from sharedfs.hookspecs import hookimpl
+    from sharedfs.machinery import runtime
+    from sharedfs.machinery.hookspecs import hookimpl
+    from sharedfs.model.fsinfo import FsInfo, mount_for
 
     mount_point = mount_for(path).mount_point
 

@@ -22,9 +22,9 @@ from conftest import clean_env
 from unixusers import User, owned_by, throwaway_users
 
 import sharedfs
-from sharedfs import cleanup
-from sharedfs.cleanup import JobCleanupError, cleanup_job
-from sharedfs.records import HolderRecord, process_start_time
+from sharedfs.cluster import cleanup
+from sharedfs.cluster.cleanup import JobCleanupError, cleanup_job
+from sharedfs.model.records import HolderRecord, process_start_time
 
 CHECKOUT = str(Path(sharedfs.__file__).resolve().parents[1])
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from unixusers import User, owned_by, throwaway_users, user_python
 
-from sharedfs.cleanup import JobCleanupError, cleanup_job
+from sharedfs.cluster.cleanup import JobCleanupError, cleanup_job
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ if os.path.islink(a) and not os.path.islink(b):
 
 
 def old_cleanup_job(job: str, uid: int, root: str) -> None:
-    """The walk of sharedfs/cleanup.py before it used directory descriptors (commit 6175c79), minus liveness.
+    """The walk of sharedfs/cluster/cleanup.py before it used directory descriptors (commit 6175c79), minus liveness.
 
     Kept verbatim where it touches the filesystem: lstat of the user directory, then
     everything by path (the lock file, the liveness listing, shutil.rmtree).

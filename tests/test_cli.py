@@ -1,6 +1,6 @@
 """The command line, its help, the README and the docs agree.
 
-The subcommands and flags come from argparse itself (:func:`sharedfs.cli.build_parser`); the
+The subcommands and flags come from argparse itself (:func:`sharedfs.commands.cli.build_parser`); the
 README's "Command line" block and docs/cli.md must show exactly that synopsis, and every
 ``sharedfs COMMAND --flag`` written anywhere in the README or the docs must exist.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sharedfs.cli import build_parser
+from sharedfs.commands.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

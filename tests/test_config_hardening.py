@@ -32,7 +32,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 POLICY_IN_CHILD = """
 import sharedfs, sys
-from sharedfs import runtime
+from sharedfs.machinery import runtime
 try:
     runtime.policy()
 except sharedfs.ConfigError as exc:

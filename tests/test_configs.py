@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sharedfs._policy import resolve
+from sharedfs.model.policy import resolve
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 POLICIES = sorted((CONFIGS / "policy").glob("*.toml"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sharedfs
-from sharedfs.dirs import node_local_dir
+from sharedfs.cluster.dirs import node_local_dir
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_relative_tmpdir_is_refused(root: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_the_cache_plugin_raises_the_same_error(root: Path, fresh_runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a framework import meets under cache=node-local (it used to be a bare NotADirectoryError)."""
-    from sharedfs._policy import CacheRequest
+    from sharedfs.model.policy import CacheRequest
 
     (root / "file").write_text("x")
     monkeypatch.setenv("SHAREDFS_CACHE_ROOT", str(root / "file"))
@@ -130,7 +130,7 @@ def test_wait_for_returns_when_the_path_appears_and_times_out_with_context(tmp_p
 
 
 def test_auto_cache_moves_only_predictable_shared_tmp_defaults(root: Path, fresh_runtime) -> None:
-    from sharedfs._policy import CacheRequest
+    from sharedfs.model.policy import CacheRequest
 
     registry, policy = fresh_runtime.registry(), fresh_runtime.policy()
     assert policy.cache == "auto"

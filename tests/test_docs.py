@@ -75,7 +75,7 @@ def test_docs_toolchain_is_pinned_once() -> None:
 
 def shipped_texts() -> dict[str, str]:
     """Everything a user reads: README, CHANGELOG, every docs page, the site config, the CLI's help, the demo."""
-    from sharedfs.cli import build_parser
+    from sharedfs.commands.cli import build_parser
     from sharedfs.testing.scenarios import SCENARIOS
 
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in [README, ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml",
@@ -104,7 +104,7 @@ def test_every_public_api_name_has_its_section() -> None:
 
 
 def test_every_setting_has_its_row_with_its_default() -> None:
-    from sharedfs.settings import SETTINGS
+    from sharedfs.model.settings import SETTINGS
 
     readme_table = README.read_text().split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     docs_page = (DOCS / "settings.md").read_text()

@@ -17,9 +17,8 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from sharedfs import hookspecs
-from sharedfs._policy import resolve
-from sharedfs.fsinfo import (
+from sharedfs.machinery import hookspecs
+from sharedfs.model.fsinfo import (
     MAGIC,
     FsInfo,
     Mount,
@@ -28,6 +27,7 @@ from sharedfs.fsinfo import (
     parse_mountinfo,
     statfs_magic,
 )
+from sharedfs.model.policy import resolve
 from sharedfs.plugins import filesystem, locking
 from sharedfs.testing.skips import skip_or_fail
 
@@ -153,7 +153,7 @@ def test_parse_mountinfo_of_one_device_is_the_whole_tables_lines_of_that_device(
 
 
 def test_unquoted_options_split_as_the_quote_aware_splitter_does() -> None:
-    from sharedfs.fsinfo import _split_options
+    from sharedfs.model.fsinfo import _split_options
 
     for text in ("rw,relatime", "rw,,vers=3,,", ",", "", "a=b=c,d", 'x,context="a,b",y'):
         slow = []  # the quote-aware character loop the plain split stands in for

@@ -23,9 +23,9 @@ import sharedfs
 KERNEL = Path(sharedfs.__file__).parent
 #: plugins/ and shims/ are installed as sharedfs.plugins / sharedfs.shims (in a checkout they sit beside the package).
 EXTRA = {name: KERNEL.parent / name if (KERNEL.parent / name).is_dir() else KERNEL / name for name in ("plugins", "shims")}
-LAYERED = ("sharedfs.nodelocal", "sharedfs.cleanup", "sharedfs.dirs")
+LAYERED = ("sharedfs.cluster.nodelocal", "sharedfs.cluster.cleanup", "sharedfs.cluster.dirs")
 #: What the layered modules must never reach: the command line, the shims and plugins above the kernel.
-ABOVE = ("sharedfs.cli", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
+ABOVE = ("sharedfs.commands.cli", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
 
 
 def _module_name(path: Path) -> str:
@@ -63,7 +63,7 @@ def imports_of(path: Path) -> dict[str, list[tuple[str, int, bool]]]:
             else:
                 module = node.module or ""
             if node.module is None or module == "sharedfs":
-                for alias in node.names:  # from . import runtime -> sharedfs.runtime
+                for alias in node.names:  # from . import runtime -> sharedfs.machinery.runtime
                     add(f"{module}.{alias.name}", node)
             else:
                 add(module, node)
@@ -161,10 +161,10 @@ def test_no_import_cycle_through_the_directory_modules() -> None:
 
 def test_layers_point_one_way() -> None:
     graph = kernel_graph()
-    assert "sharedfs.dirs" not in graph["sharedfs.cleanup"] and "sharedfs.dirs" not in graph["sharedfs.nodelocal"]
-    assert "sharedfs.cleanup" not in graph["sharedfs.nodelocal"]
-    assert {"sharedfs.nodelocal", "sharedfs.cleanup"} <= graph["sharedfs.dirs"]
-    assert "sharedfs.nodelocal" in graph["sharedfs.cleanup"]
+    assert "sharedfs.cluster.dirs" not in graph["sharedfs.cluster.cleanup"] and "sharedfs.cluster.dirs" not in graph["sharedfs.cluster.nodelocal"]
+    assert "sharedfs.cluster.cleanup" not in graph["sharedfs.cluster.nodelocal"]
+    assert {"sharedfs.cluster.nodelocal", "sharedfs.cluster.cleanup"} <= graph["sharedfs.cluster.dirs"]
+    assert "sharedfs.cluster.nodelocal" in graph["sharedfs.cluster.cleanup"]
 
 
 def test_nothing_above_the_kernel_is_reachable() -> None:

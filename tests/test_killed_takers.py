@@ -90,7 +90,7 @@ def test_a_breaker_killed_during_its_turn_does_not_stall_the_next(tmp_path: Path
 def test_a_marker_on_a_filesystem_without_hard_links_is_still_created_with_its_record(tmp_path: Path) -> None:
     """The fallback: O_EXCL and a write, as before (a filesystem that refuses link(2) with EPERM)."""
     from sharedfs.locks import _marker
-    from sharedfs.records import HolderRecord
+    from sharedfs.model.records import HolderRecord
 
     marker = str(tmp_path / "x.lock.held")
     record = HolderRecord.mine("n1", "soft")

@@ -303,7 +303,7 @@ def test_a_broken_holder_record_means_cannot_tell_never_a_crash_or_hang(tmp_path
 
 
 def _foreign_record(node: str, pidns: str | None) -> dict:
-    from sharedfs.records import HolderRecord
+    from sharedfs.model.records import HolderRecord
 
     record = HolderRecord.mine(node, "soft")
     dead_pid = 4 * 1024 * 1024 - 7  # above any pid this machine has handed out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sharedfs import ConfigError
-from sharedfs._policy import Layer, explicit_layer, resolve
+from sharedfs.model.policy import Layer, explicit_layer, resolve
 
 
 def test_defaults_have_the_source_default() -> None:
@@ -50,7 +50,7 @@ def test_layers_apply_by_priority_and_remember_their_origin() -> None:
     ],
 )
 def test_bad_values_name_the_variable_the_value_and_what_is_allowed(key: str, raw: str, message: str) -> None:
-    from sharedfs.settings import BY_NAME
+    from sharedfs.model.settings import BY_NAME
 
     layer = Layer("environment", 200, {key: raw}, {key: BY_NAME[key].env})
     with pytest.raises(ConfigError) as info:
@@ -75,7 +75,7 @@ def test_a_toml_integer_too_large_for_a_float_is_a_config_error() -> None:
 
 
 def test_the_host_name_becomes_a_valid_node_id() -> None:
-    from sharedfs.settings import BY_NAME, default_node_id
+    from sharedfs.model.settings import BY_NAME, default_node_id
 
     assert BY_NAME["node_id"].parse(default_node_id()) == default_node_id()
 

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from sharedfs._policy import resolve
-from sharedfs.shim import Patcher, Shim
+from sharedfs.machinery.shim import Patcher, Shim
+from sharedfs.model.policy import resolve
 
 
 class Base:
@@ -82,8 +82,8 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
     from importlib import import_module
 
     import _sharedfs_bootstrap as _bootstrap
-    from sharedfs import envvars
-    from sharedfs.registry import BUILTIN_SHIMS
+    from sharedfs.machinery.registry import BUILTIN_SHIMS
+    from sharedfs.model import envvars
 
     declared = {}
     for module in BUILTIN_SHIMS:
@@ -91,8 +91,8 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
             declared[shim.name] = shim.target
     assert declared == _bootstrap.TARGETS
     assert (_bootstrap.DISABLE, _bootstrap.TRUE_VALUES) == (envvars.DISABLE, envvars.TRUE_VALUES)
-    from sharedfs.onimport import FOLLOWERS, PLUGIN_GROUP
-    from sharedfs.registry import NAME
+    from sharedfs.machinery.registry import NAME
+    from sharedfs.startup.onimport import FOLLOWERS, PLUGIN_GROUP
 
     assert FOLLOWERS <= set(declared), "a follower must be a built-in shim (its target's import defers it)"
     assert PLUGIN_GROUP == NAME, "a follower defers only while no third-party plugin is installed"

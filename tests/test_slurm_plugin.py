@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedfs._policy import resolve
+from sharedfs.model.policy import resolve
+from sharedfs.model.records import HolderRecord
 from sharedfs.plugins import slurm as plugin
-from sharedfs.records import HolderRecord
 
 FAKE_SQUEUE = """#!/bin/sh
 # Logs each call, then answers from files: steps for `squeue -s`, jobs otherwise.
@@ -192,9 +192,9 @@ def test_an_unanswering_squeue_is_warned_once_per_process(fake: Path, monkeypatc
 
 WAITER = """
 import sys, time
-from sharedfs._policy import resolve
+from sharedfs.model.policy import resolve
 from sharedfs.plugins import slurm as plugin
-from sharedfs.records import HolderRecord
+from sharedfs.model.records import HolderRecord
 plugin.SHARED_PARENTS = (sys.argv[1],)
 plugin.SHARED_CACHE = sys.argv[2] == "shared"
 rec = HolderRecord(node="n1", pid=4242, acquired_at=time.time(), kind="soft", slurm_job="77", slurm_step="0",

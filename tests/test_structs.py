@@ -1,4 +1,4 @@
-"""``sharedfs.structs`` against ``dataclasses``: the same class body behaves the same either way.
+"""``sharedfs.model.structs`` against ``dataclasses``: the same class body behaves the same either way.
 
 The kernel's records, policy and filesystem facts are declared with ``@frozen``/``@mutable``
 instead of ``@dataclass`` (no methods compiled at import, see the module's docstring); every
@@ -16,8 +16,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import pytest
 
-from sharedfs import structs
-from sharedfs.structs import frozen, mutable
+from sharedfs.model import structs
+from sharedfs.model.structs import frozen, mutable
 
 
 def _frozen_body(name: str) -> type:
@@ -253,7 +253,7 @@ def test_the_private_field_mark_is_used_only_where_dataclasses_honours_it() -> N
 
 def test_a_site_plugin_replaces_fields_of_the_kernels_structs_with_dataclasses() -> None:
     """docs/architecture.md's plugin example: ``dataclasses.replace`` on the FsInfo the kernel built."""
-    from sharedfs.fsinfo import COHERENT, mount_for
+    from sharedfs.model.fsinfo import COHERENT, mount_for
     from sharedfs.plugins.filesystem import classify
 
     info = classify(mount_for("/"))

@@ -1,4 +1,4 @@
-"""Every class the kernel makes with ``sharedfs.structs`` has the fields ``dataclasses`` finds in its body.
+"""Every class the kernel makes with ``sharedfs.model.structs`` has the fields ``dataclasses`` finds in its body.
 
 ``structs`` reads each class's annotations itself.  Up to Python 3.13 they are a dict in the class's
 ``__dict__``; from 3.14 (PEP 649/749) a module without ``from __future__ import annotations`` gets
@@ -35,12 +35,12 @@ from typing import Any, ClassVar, Dict, Iterator, List, Mapping, NamedTuple, Opt
 import pytest
 
 import sharedfs
-from sharedfs import structs
+from sharedfs.model import structs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Source folder -> the package it is installed as (plugins/ and shims/ are sharedfs.plugins/.shims).
 PACKAGES = {"sharedfs": "sharedfs", "plugins": "sharedfs.plugins", "shims": "sharedfs.shims"}
-STRUCTS = "sharedfs.structs"
+STRUCTS = "sharedfs.model.structs"
 DECORATORS = {"frozen": True, "mutable": False}
 #: The attributes of ``dataclasses.Field`` that say what a field is (``kw_only`` from 3.10, ``doc`` from 3.14).
 FIELD_ATTRIBUTES = ("name", "type", "default", "default_factory", "init", "repr", "hash", "compare", "metadata",
@@ -65,7 +65,7 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 
 def declared_structs(tree: ast.Module, module: str, is_package: bool = False) -> List[Declared]:
-    """The classes of ``tree`` decorated with ``frozen``/``mutable`` from sharedfs.structs, however imported."""
+    """The classes of ``tree`` decorated with ``frozen``/``mutable`` from sharedfs.model.structs, however imported."""
     names: Dict[str, bool] = {}  # local name of a decorator -> frozen
     modules: List[str] = []  # local names of the structs module itself
     for node in ast.walk(tree):
@@ -197,7 +197,7 @@ THROWAWAY = '''
 import dataclasses
 from typing import Mapping, Optional
 
-from sharedfs.structs import frozen, mutable
+from sharedfs.model.structs import frozen, mutable
 
 
 def as_pep649(cls):

@@ -1,4 +1,4 @@
-"""sharedfs.teamfiles: what this process creates in a watched team cache becomes the group's, and nothing else.
+"""sharedfs.cluster.teamfiles: what this process creates in a watched team cache becomes the group's, and nothing else.
 
 Run in a child interpreter: the recorder is an audit hook, which cannot be removed from
 the process that installed it (the test runner must not keep one).  Real users and
@@ -21,8 +21,8 @@ from conftest import clean_env
 
 CHILD = textwrap.dedent("""
     import json, os, stat, sys, threading, time
-    from sharedfs import teamfiles
-    from sharedfs._policy import TeamCache
+    from sharedfs.cluster import teamfiles
+    from sharedfs.model.policy import TeamCache
 
     base = sys.argv[1]
     root, outside, private = (os.path.join(base, name) for name in ("cache", "elsewhere", "private"))

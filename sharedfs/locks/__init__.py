@@ -11,8 +11,8 @@ carries the choice out behind filelock's own contract:
   stale-holder breaking and lease renewal.
 """
 
-from ..errors import LockTimeout
-from ._api import SharedFSLock, SharedFSLockMixin, drop_in, lock
-from ._marker import marker_path
+from sharedfs.errors import LockTimeout
+from sharedfs.locks._api import SharedFSLock, SharedFSLockMixin, drop_in, lock
+from sharedfs.locks._marker import marker_path
 
 __all__ = ["LockTimeout", "SharedFSLock", "SharedFSLockMixin", "drop_in", "lock", "marker_path"]

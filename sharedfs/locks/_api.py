@@ -11,12 +11,12 @@ filelock's own lock classes implement: ``_acquire`` (one non-blocking attempt)
 and ``_release``.  What sharedfs adds lives there:
 
 * the kind is the plugins' choice for the lock file's filesystem, made on first
-  use (``sharedfs.choices.lock_choice``), and follows a run-time refusal of
+  use (``sharedfs.machinery.choices.lock_choice``), and follows a run-time refusal of
   native locks (ENOSYS/ENOLCK) to an existence lock;
 * existence markers carry the holder's record, so dead holders are recognised
   on any node (:mod:`sharedfs.locks._marker`);
 * on a shared filesystem, the ranks of one node that wait for the same lock elect
-  one representative through a node-local gate (:mod:`sharedfs.gates`): only it
+  one representative through a node-local gate (:mod:`sharedfs.cluster.gates`): only it
   asks the shared filesystem, backing off with jitter up to ``SHAREDFS_POLL_INTERVAL``,
   so the metadata load of a contended wait grows with nodes, not ranks;
 * a waiter says after 30 s, and every 2 minutes after, whom it waits for, and a
@@ -39,14 +39,15 @@ from typing import Any
 
 import filelock
 
-from .. import choices, gates, runtime
-from .._policy import LockChoice, Policy
-from ..errors import ConfigError, LockTimeout
-from ..log import decision
-from ..settings import LOCK_KINDS
-from ..standin import unwrap
-from . import _marker
-from ._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
+from sharedfs.cluster import gates
+from sharedfs.errors import ConfigError, LockTimeout
+from sharedfs.locks import _marker
+from sharedfs.locks._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
+from sharedfs.machinery import choices, runtime
+from sharedfs.machinery.log import decision
+from sharedfs.machinery.standin import unwrap
+from sharedfs.model.policy import LockChoice, Policy
+from sharedfs.model.settings import LOCK_KINDS
 
 log = logging.getLogger("sharedfs")
 
@@ -491,7 +492,7 @@ def _forget_holds_in_child() -> None:
         # child; older releases do neither, so sharedfs does it for them.
         filelock_resets = hasattr(made, "_reset_after_fork_in_child")
         for hold in list(state.holds.values()):
-            fds = {hold.fd, hold.marker_fd} - {None}  # sharedfs.gates drops its own descriptors in a child
+            fds = {hold.fd, hold.marker_fd} - {None}  # sharedfs.cluster.gates drops its own descriptors in a child
             if filelock_resets:
                 fds.discard(hold.fd)
             for fd in fds:

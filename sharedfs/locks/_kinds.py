@@ -34,12 +34,12 @@ from dataclasses import field
 from fcntl import LOCK_EX, LOCK_NB, LOCK_UN
 from typing import Any, Callable
 
-from .. import oslocks
-from .._policy import LockChoice, Policy, TeamCache
-from ..records import HolderRecord, user_name
-from ..safefile import NOFOLLOW
-from ..structs import mutable
-from . import _marker
+from sharedfs.fs import oslocks
+from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.locks import _marker
+from sharedfs.model.policy import LockChoice, Policy, TeamCache
+from sharedfs.model.records import HolderRecord, user_name
+from sharedfs.model.structs import mutable
 
 log = logging.getLogger("sharedfs")
 
@@ -112,7 +112,7 @@ class Hold:
         self.marker_fd = marker_fd
         self.lease = lease
         self.thread_lock = thread_lock
-        #: The node gate this process held while it waited (sharedfs.gates), kept until release.
+        #: The node gate this process held while it waited (sharedfs.cluster.gates), kept until release.
         self.gate: int | None = None
         #: (st_dev, st_ino) of ``fd`` when the kind already knows it (filelock's descriptor tracking).
         self.identity = identity
@@ -186,7 +186,7 @@ def _break_if_dead(target: Target, native_held: bool,
                   os.path.dirname(target.marker), target.marker)
         return False
     if broken:
-        from ..log import decision
+        from sharedfs.machinery.log import decision
 
         holder = record.describe() if record else "a holder that never wrote its record"
         decision(f"broke the lock {target.lock_file}: its holder ({holder}) is gone", every_rank=True)

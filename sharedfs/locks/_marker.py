@@ -1,7 +1,7 @@
 """The existence marker: ``<lock>.held``, created ``O_EXCL``, holding the holder's record.
 
 An existence lock is held while its marker exists.  The marker's content is the
-holder's :class:`~sharedfs.records.HolderRecord` (one file, written through the
+holder's :class:`~sharedfs.model.records.HolderRecord` (one file, written through the
 descriptor that created it), so a waiter on any node can tell who holds the lock
 and whether that holder is gone.  Native locks on a shared filesystem take the
 marker too (see :mod:`sharedfs.locks`): then a process that had to fall back to
@@ -37,9 +37,9 @@ import time
 import weakref
 from typing import Callable
 
-from ..records import HolderRecord
-from ..safefile import create_exclusive, read_untrusted, write_all
-from ..structs import frozen
+from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
+from sharedfs.model.records import HolderRecord
+from sharedfs.model.structs import frozen
 
 log = logging.getLogger("sharedfs")
 

@@ -17,7 +17,7 @@ Standard library only (plus mfusepy inside the FUSE server process).
 
 from __future__ import annotations
 
-from .hostilefs import (
+from sharedfs.testing.hostilefs import (
     FSTYPE,
     PROFILES,
     FuseUnavailable,
@@ -27,7 +27,7 @@ from .hostilefs import (
     is_mounted,
     mount,
 )
-from .nodes import (
+from sharedfs.testing.nodes import (
     NodeProcess,
     NodeResult,
     NodesTimeout,
@@ -36,7 +36,7 @@ from .nodes import (
     node_env,
     run_on_nodes,
 )
-from .preload import PreloadUnavailable, build_preload, preload_env
+from sharedfs.testing.preload import PreloadUnavailable, build_preload, preload_env
 
 __all__ = [
     "FSTYPE",

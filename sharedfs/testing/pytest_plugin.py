@@ -23,10 +23,10 @@ from typing import Callable, Iterable, Iterator, List, Optional, Union
 
 import pytest
 
-from .hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
-from .preload import PreloadUnavailable, preload_env
-from .skips import skip_or_fail
-from .slurm import slurm_cluster  # a fixture: a real 2-node Slurm cluster (session-scoped)
+from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
+from sharedfs.testing.preload import PreloadUnavailable, preload_env
+from sharedfs.testing.skips import skip_or_fail
+from sharedfs.testing.slurm import slurm_cluster  # a fixture: a real 2-node Slurm cluster (session-scoped)
 
 __all__ = ["fault_preload", "hostile_mount", "skip_or_fail", "slurm_cluster"]
 

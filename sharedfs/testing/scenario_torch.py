@@ -373,7 +373,7 @@ def _first_load(case: Case, chain: Toolchain, extensions: Path, base: dict[str, 
 def _two_nodes(case: Case, chain: Toolchain, extensions: Path, base: dict[str, str], plain: bool,
                hang_after: float) -> tuple[bool, str]:
     """Node a builds (held mid-compile); node b loads the same extension meanwhile: does b compile too?"""
-    from .nodes import node_env
+    from sharedfs.testing.nodes import node_env
 
     on_a = chain.env(node_env("a", base), extensions)
     on_b = chain.env(node_env("b", base), extensions)

@@ -1,6 +1,6 @@
 """The field failures ``sharedfs demo`` reproduces, and the programs that reproduce them.
 
-One implementation for the demo (:mod:`sharedfs.demo` runs :data:`SCENARIOS`)
+One implementation for the demo (:mod:`sharedfs.commands.demo` runs :data:`SCENARIOS`)
 and the tests (``tests/integration/test_demo.py`` runs the same functions), so
 what a user watches and what CI asserts cannot drift apart.
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .shardserver import ShardServer
+    from sharedfs.testing.shardserver import ShardServer
 
 __all__ = ["OLD_FILELOCK", "REFERENCES", "SCENARIOS", "Outcome", "Scenario", "ScenarioSkipped", "Sim",
            "install_command", "missing_modules", "old_filelock_dir"]
@@ -99,7 +99,7 @@ class Sim:
         """A fresh directory with ``profile``'s faults, and the environment its processes need."""
         self.counter += 1
         if self.fuse:
-            from .hostilefs import FuseUnavailable, mount
+            from sharedfs.testing.hostilefs import FuseUnavailable, mount
 
             root = self.work / f"fs{self.counter}"
             (root / "backing").mkdir(parents=True)
@@ -109,7 +109,7 @@ class Sim:
             except FuseUnavailable as exc:
                 raise ScenarioSkipped(f"the FUSE filesystem could not be mounted: {exc}") from None
             return Path(handle.path), dict(self.base_env)
-        from .preload import PreloadUnavailable, preload_env
+        from sharedfs.testing.preload import PreloadUnavailable, preload_env
 
         path = self.work / f"fs{self.counter}"
         path.mkdir()
@@ -500,7 +500,7 @@ SHARDS, SHARD_SAMPLES = 4, 10
 
 def _shard_server(sim: Sim, delay: float) -> tuple[ShardServer, list[str], dict[str, str]]:
     """A fresh :class:`ShardServer` (closed by ``sim.stack``), its shard URLs, and the expected samples."""
-    from .shardserver import ShardServer, make_shards
+    from sharedfs.testing.shardserver import ShardServer, make_shards
 
     root = sim.work / "shards"
     expected = make_shards(root, count=SHARDS, samples=SHARD_SAMPLES)  # deterministic: rewriting is harmless
@@ -688,7 +688,7 @@ def broadcast_trap(sim: Sim) -> tuple[Outcome, Outcome]:
 def _torch_case(sim: Sim, profile: str | None) -> tuple[Outcome, Outcome]:
     """The failure torch's extension build lock has on ``profile`` (None: the local disk) with the installed
     torch and filelock (:func:`sharedfs.testing.scenario_torch.case_for`), without and with sharedfs."""
-    from .scenario_torch import ToolchainMissing, case_for, run_case
+    from sharedfs.testing.scenario_torch import ToolchainMissing, case_for, run_case
 
     sim.counter += 1
     work = sim.work / ("torch-extension" if profile is None else f"torch-extension-{sim.counter}")
@@ -713,7 +713,7 @@ def torch_extension_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
 
 def torch_extension_enosys(sim: Sim) -> tuple[Outcome, Outcome]:
     """torch >= 2.14 on Lustre without ``-o flock``: what the installed filelock does on ENOSYS."""
-    from .scenario_torch import filelock_on_enosys
+    from sharedfs.testing.scenario_torch import filelock_on_enosys
 
     if not sim.fuse and filelock_on_enosys() == "soft-fallback":
         # filelock >= 4.3 breaks a dead holder's soft lock on its own host by exchanging two names, which the
@@ -752,7 +752,7 @@ def _torch_scenarios() -> tuple[Scenario, ...]:
     torch >= 2.14 holds filelock's lock instead: fixed upstream on a local disk, but NFS without
     lockd, Lustre without ``-o flock`` and GPFS-like node-local flock each fail it their own way.
     """
-    from .scenario_torch import UPSTREAM_FIX, builds_under_filelock, filelock_on_enosys
+    from sharedfs.testing.scenario_torch import UPSTREAM_FIX, builds_under_filelock, filelock_on_enosys
 
     killed = Scenario("torch C++ extension build killed half-way", "pytorch#189245", torch_extension,
                       needs=("torch",), story="A cpp_extension.load() (how DeepSpeed builds its ops) is SIGKILLed "

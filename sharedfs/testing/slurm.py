@@ -429,7 +429,7 @@ if pytest is not None:
         Its epilog runs ``<root>/epilog.d/*`` (tests drop scripts there).  Skips
         with the reason when Slurm cannot run here -- fails instead under ``CI``.
         """
-        from .skips import skip_or_fail
+        from sharedfs.testing.skips import skip_or_fail
 
         ok, reason = slurm_available()
         if not ok:

@@ -131,8 +131,8 @@ def test_third_party_plugins_are_discovered_and_a_broken_one_is_not_fatal(
     datasets_venv: Venv, tmp_path: Path
 ) -> None:
     good = _plugin_dist(tmp_path, "sitepolicy", """
-        from sharedfs.hookspecs import hookimpl
-        from sharedfs._policy import Layer
+        from sharedfs.machinery.hookspecs import hookimpl
+        from sharedfs.model.policy import Layer
 
         @hookimpl
         def sharedfs_settings_layers(environ):

@@ -486,7 +486,7 @@ def test_old_stack_gets_both_shims(old_stack_venv: Venv) -> None:
     # The hub's shim applies on its first lock (a stand-in until then): take one.
     code = textwrap.dedent("""
         import json, os, tempfile, datasets, datasets.builder as b, huggingface_hub.file_download as fd
-        import huggingface_hub.utils._fixes as f, sharedfs.activation as a
+        import huggingface_hub.utils._fixes as f, sharedfs.startup.activation as a
         f.FileLock(os.path.join(tempfile.mkdtemp(), "a.lock"))
         print(json.dumps({k: [v.installed_version, v.supported, v.error, v.shim.applied]
                           for k, v in a.shim_states().items()}))

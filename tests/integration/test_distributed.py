@@ -23,7 +23,7 @@ RANK = textwrap.dedent("""
     import json, os, sys, time
     import torch.distributed as dist
     import sharedfs
-    from sharedfs.runtime import identity
+    from sharedfs.machinery.runtime import identity
 
     dist.init_process_group("gloo", init_method="env://")
     scenario, base = sys.argv[1], sys.argv[2]
@@ -95,7 +95,7 @@ def test_main_process_first_orders_leaders_before_followers(tmp_path: Path, scop
 
 
 def test_a_barrier_without_a_process_group_says_what_to_do() -> None:
-    proc = subprocess.run([sys.executable, "-c", "from sharedfs.dist import barrier; barrier()"],
+    proc = subprocess.run([sys.executable, "-c", "from sharedfs.cluster.dist import barrier; barrier()"],
                           capture_output=True, text=True, env=clean_env({"RANK": "1", "WORLD_SIZE": "4"}))
     assert proc.returncode == 1
     assert "a barrier needs an initialised torch.distributed process group, but this process is rank 1 of 4" \

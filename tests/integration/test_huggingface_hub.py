@@ -239,7 +239,7 @@ def test_disable_leaves_the_hub_untouched_and_the_shim_replaces_only_the_lock_cl
 
     upstream = ["huggingface_hub.utils._fixes"] * 4
     shim = "sharedfs.shims.huggingface_hub"
-    assert bindings() == upstream + ["sharedfs.standin", False, shim, shim, True]
+    assert bindings() == upstream + ["sharedfs.machinery.standin", False, shim, shim, True]
     # A shim list in SHAREDFS_DISABLE is the policy's to read: sharedfs loads (eagerly) and leaves the hub alone.
     # filelock's own class, wherever the installed release defines it (filelock._unix before 4.3,
     # filelock._native._unix since): the children run this interpreter's filelock.

@@ -60,7 +60,7 @@ except Exception as exc:
 if os.environ.get("SHAREDFS_DISABLE") != "1":
     # runtime.policy(), not sharedfs.policy(): once autoload has imported the submodule sharedfs.policy,
     # that name is the module (reported to the lead).
-    from sharedfs import runtime
+    from sharedfs.machinery import runtime
     ident = runtime.identity()
     out.update(node_id=runtime.policy().node_id, node_id_source=runtime.policy().source("node_id"),
                sharedfs_rank=ident.rank, world=ident.world_size)
@@ -253,9 +253,9 @@ def test_a_killed_steps_lock_is_broken_while_its_job_runs_on(slurm_cluster: Slur
 
     Per-job liveness would have waited step 1 out until its timeout: the job is still running.
     """
-    from sharedfs._policy import resolve
+    from sharedfs.model.policy import resolve
+    from sharedfs.model.records import HolderRecord
     from sharedfs.plugins import slurm as plugin
-    from sharedfs.records import HolderRecord
 
     shared = tmp_path / "shared"
     shared.mkdir()

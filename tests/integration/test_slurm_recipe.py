@@ -81,8 +81,8 @@ OLD_LIVENESS = '''
 """The old liveness rule: a holder whose record names this node is dead when its pid is not running here."""
 import os
 
-from sharedfs.hookspecs import hookimpl
-from sharedfs.records import process_start_time
+from sharedfs.machinery.hookspecs import hookimpl
+from sharedfs.model.records import process_start_time
 
 
 @hookimpl(tryfirst=True)

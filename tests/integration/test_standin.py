@@ -74,7 +74,7 @@ def test_threads_racing_for_the_first_lock_all_get_sharedfs_and_one_activation(t
     code = """if 1:
         import json, os, sys, threading
         import huggingface_hub.utils._fixes as f
-        import sharedfs.activation as activation
+        import sharedfs.startup.activation as activation
         calls = []
         original = activation.activate
         def counting(*args, **kwargs):
@@ -119,7 +119,7 @@ def test_a_first_lock_and_an_eager_activation_in_two_threads_do_not_deadlock(tmp
     code = """if 1:
         import json, os, sys, threading, time
         import huggingface_hub.utils._fixes as f
-        import sharedfs.activation as activation, sharedfs.standin as standin
+        import sharedfs.startup.activation as activation, sharedfs.machinery.standin as standin
         built = []
         with activation._lock:  # where an eager activation is when it asks the table
             first = threading.Thread(target=lambda: built.append(f.FileLock(os.path.join(sys.argv[1], "a.lock"))))

@@ -432,7 +432,7 @@ from torch.utils.data import DataLoader
 
 def seen():
     return {"filelock": "filelock" in sys.modules, "sharedfs.locks": "sharedfs.locks" in sys.modules,
-            "sharedfs loaded": "sharedfs.activation" in sys.modules,
+            "sharedfs loaded": "sharedfs.startup.activation" in sys.modules,
             "DataLoader patched": DataLoader.__init__.__code__.co_filename.endswith("shims/torch.py")}
 
 
@@ -462,8 +462,8 @@ def test_import_torch_loads_nothing_of_sharedfs_until_a_shim_that_needs_it(tmp_p
 
 #: A site's own shim for torch (a third-party plugin, entry point group ``sharedfs``): it marks torch.hub.
 SITE_SHIM = """
-from sharedfs.hookspecs import hookimpl
-from sharedfs.shim import Shim
+from sharedfs.machinery.hookspecs import hookimpl
+from sharedfs.machinery.shim import Shim
 
 
 class HubShim(Shim):
@@ -495,7 +495,7 @@ def test_import_torch_applies_a_third_party_shim_for_torch(tmp_path: Path) -> No
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: mysite-torch\nVersion: 1.0\n")
     (meta / "entry_points.txt").write_text("[sharedfs]\nmysite_torch = mysite_torch\n")
     probe = "import json, sys, torch; print(json.dumps([getattr(torch.hub, 'MYSITE_PATCHED', False), " \
-            "'sharedfs.activation' in sys.modules]))"
+            "'sharedfs.startup.activation' in sys.modules]))"
     env = clean_env({"SHAREDFS_CACHE_ROOT": str(tmp_path / "cache"), "PYTHONPATH": str(site)})
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env,
                          cwd=tmp_path)

@@ -241,7 +241,7 @@ def test_shim_is_reversible_and_version_gated() -> None:
         import json, webdataset, webdataset.cache as cache
         from torch.utils.data import DataLoader
         import sharedfs
-        from sharedfs import activation
+        from sharedfs.startup import activation
         state = activation.shim_states()["webdataset"]
         patched = (cache.FileCache.__module__, cache.FileCache.__name__, state.supported,
                    DataLoader.__init__.__name__, hasattr(DataLoader.__init__, "__wrapped__"))

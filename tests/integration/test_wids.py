@@ -265,7 +265,7 @@ PLACE = textwrap.dedent("""
     import wids, wids.wids as core, wids.wids_dl as dl
     from torch.utils.data import DataLoader
     import sharedfs
-    from sharedfs import activation
+    from sharedfs.startup import activation
     shards = [{"url": "http://127.0.0.1:9/x.tar", "nsamples": 1}]
     state = activation.shim_states()["wids"]
     before = [wids.ShardListDataset(shards, transformations=[]).cache_dir, dl.ULockFile.__name__,

@@ -214,7 +214,7 @@ def test_catalogue_config_with_sharedfs_hook_loads_in_xtuner(xtuner_venv: Venv, 
     """configs/xtuner/llama2_7b_qlora_alpaca_e3_sharedfs.py: parsed by XTuner's stack, hook built from it."""
     config = TESTS.parent / "configs" / "xtuner" / "llama2_7b_qlora_alpaca_e3_sharedfs.py"
     code = (
-        "import sys, sharedfs.runtime as rt\n"
+        "import sys, sharedfs.machinery.runtime as rt\n"
         "from mmengine.config import Config\n"
         "from mmengine.registry import HOOKS\n"
         "cfg = Config.fromfile(sys.argv[1])\n"

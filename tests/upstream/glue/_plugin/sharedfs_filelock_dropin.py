@@ -9,7 +9,7 @@ only when sharedfs is on (not under ``SHAREDFS_DISABLE``, the baseline run).
 
 sharedfs remembers per mount that a native lock failed (ENOSYS, ENOLCK); filelock's tests fake
 that failure for one lock, so each test starts from sharedfs's first answer again
-(``sharedfs.choices.forget``), as a fresh process would.
+(``sharedfs.machinery.choices.forget``), as a fresh process would.
 """
 
 from __future__ import annotations
@@ -29,6 +29,5 @@ if _ON:
 
 def pytest_runtest_setup(item):  # noqa: ARG001 - pytest's hook signature
     if _ON:
-        from sharedfs import choices
-
+        from sharedfs.machinery import choices
         choices.forget()

@@ -1,0 +1,490 @@
+"""Team caches: what this process creates in a cache a group of users shares becomes the group's.
+
+A lab shares one ``HF_HOME`` (or one shard cache) through a setgid, group-writable
+directory.  Under the default umask 022 every directory a framework makes there
+is 2755 and every file 0644: the next member cannot add a dataset to ``json/``, a
+blob to ``blobs/`` or a shard to the cache, nor write to a lock file
+(datasets#7900, datasets#6589, datasets#2065).  ``plugins/teamcache.py`` says which
+directories are team caches; ``sharedfs.locks`` creates its own lock files and
+markers there with the group's mode; this module gives the group what the
+*frameworks* create there.
+
+How, and why this way
+---------------------
+The umask is the obvious lever and the wrong one.  It belongs to the process,
+not to a thread or a directory: lowering it around ``load_dataset`` widens every
+file any other thread creates meanwhile -- a logger's file, a checkpoint, the
+hub's token file in ``HF_HOME`` -- and, through ``fork``, whatever a child
+creates anywhere.  No wrapper can show that no other thread creates a file while
+it runs (DataLoader, tokenizers, the hub's download pool, pyarrow's I/O threads),
+so sharedfs never changes the umask.  (datasets itself sets it to 0o666 for an
+instant to read it; that race is datasets', and it narrows, never widens.)
+
+So nothing is created differently.  What this process created under a watched
+cache root is *given* to the group afterwards:
+
+* **which entries** -- an audit hook (PEP 578, ``sys.addaudithook``) records the
+  paths this process creates under a watched root: ``open`` for writing,
+  ``mkdir``, the target of a rename (earlier records under a renamed directory
+  follow it), ``chmod`` (a framework narrowing a mode again).  It only records,
+  only paths under a root, and never raises into the audited call;
+* **when** -- before a framework lock there is first tried and before it is
+  released (:class:`SettlingLockMixin`: what a holder made under a lock is the
+  group's before the next member gets that lock, and the directories a framework
+  made just before locking are the group's before anyone waits in them), when a
+  wrapped operation returns (datasets' ``download_and_prepare`` and ``map``), at
+  exit, and in any case within :data:`DRAIN_DELAY` of being recorded (a daemon
+  thread, awake only while records wait): a job SIGKILLed half-way through
+  preparing a dataset leaves its ``.incomplete`` directory and the Arrow file it
+  was writing open to the member who prepares it next;
+* **how** -- by descriptor, never by name: opened ``O_NOFOLLOW``, it must be this
+  user's, a directory or a regular file with one link (a hard link a member
+  planted could be one of our private files), and its real path
+  (``/proc/self/fd``) must still lie under the root; then it gets the team's group
+  and the group's bits: files ``g+rw`` (``g+x`` where the owner has ``x``),
+  directories ``g+rwx`` and setgid.  Bits for others are never added.
+
+An entry of another user is never touched: its owner's sharedfs gives it to the
+group, or ``sharedfs doctor`` names it with the one-time fix.  Not seen by the
+hook, and handled where they are made instead: files a subprocess writes (wids
+downloads with ``curl``) and files made by C code (the shard cache gives a shard
+to the group by descriptor when it publishes it), and files a forked worker writes
+before leaving with ``os._exit`` (datasets' ``num_proc``: the datasets shim walks
+the builder's output directory and the map results when the call returns).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import stat
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable
+
+from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.model.records import group_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sharedfs.model.policy import Policy, TeamCache
+
+__all__ = ["WATCHED", "SettlingLockMixin", "default_acl_group", "give", "give_fd", "give_tree", "group_mode",
+           "settle_pending", "settling", "team_of", "watch"]
+
+#: ``system.posix_acl_default``: a 4-byte version header, then (tag u16, perm u16, id u32) entries.
+_ACL_VERSION = 2
+_ACL_GROUP = 0x08  # a named group entry
+_ACL_WRITE = 0x02
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+
+def default_acl_group(directory: str) -> int | None:
+    """The first named group the default ACL of ``directory`` grants write access, if any."""
+    try:
+        raw = os.getxattr(directory, "system.posix_acl_default")
+    except (OSError, AttributeError):  # no ACL, a filesystem without them, or no xattr support
+        return None
+    if len(raw) < 4 or struct.unpack_from("<I", raw)[0] != _ACL_VERSION:
+        return None
+    for offset in range(4, len(raw) - 7, 8):
+        tag, perm, ident = struct.unpack_from("<HHI", raw, offset)
+        if tag == _ACL_GROUP and perm & _ACL_WRITE:
+            return ident
+    return None
+
+
+def group_mode(mode: int, is_dir: bool) -> int:
+    """``mode`` with the group's bits of a team cache added: dirs g+rwx and setgid, files g+rw (g+x if u+x)."""
+    if is_dir:
+        return mode | stat.S_IRWXG | stat.S_ISGID
+    return mode | stat.S_IRGRP | stat.S_IWGRP | ((mode & stat.S_IXUSR) >> 3)
+
+
+def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None) -> bool:
+    """Give the file or directory open as ``fd`` (the caller's own) the team's group and bits.
+
+    True when something changed.  Never raises: an entry that cannot be changed stays as it
+    is (its owner sees it as before; ``sharedfs doctor`` reports it).
+    """
+    try:
+        st = st or os.fstat(fd)
+        changed = False
+        if st.st_gid != team.gid:
+            os.fchown(fd, -1, team.gid)  # a member may give her own file to her group
+            changed = True
+        mode = stat.S_IMODE(st.st_mode)
+        want = group_mode(mode, stat.S_ISDIR(st.st_mode))
+        if want != mode or (changed and not stat.S_ISDIR(st.st_mode)):
+            os.fchmod(fd, want)
+            changed = True
+        return changed
+    except OSError:
+        return False
+
+
+# -- watched roots ----------------------------------------------------------------------------------
+
+
+class _Roots(MutableMapping[str, "TeamCache"]):
+    """The watched cache roots (real paths) and their teams.
+
+    A mapping so that a shim registers a root through its patcher (``unpatch`` forgets it,
+    ``sharedfs status`` lists it); the audit hook reads an immutable snapshot.
+    """
+
+    __name__ = "sharedfs.cluster.teamfiles.WATCHED"
+
+    def __init__(self) -> None:
+        self._data: dict[str, TeamCache] = {}
+        self.prefixes: tuple[tuple[str, str, TeamCache], ...] = ()  # (spelling + sep, real root, team)
+        self._spellings: dict[str, str] = {}  # path as the framework spells it -> real root
+
+    def __getitem__(self, key: str) -> TeamCache:
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: TeamCache) -> None:
+        self._data[key] = value
+        self._rebuild()
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+        self._rebuild()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._data))
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def spell(self, spelling: str, real: str) -> None:
+        self._spellings[spelling] = real
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        spellings = {real: real for real in self._data}
+        spellings.update({s: r for s, r in self._spellings.items() if r in self._data})
+        self.prefixes = tuple(sorted(((s.rstrip(os.sep) + os.sep, r, self._data[r]) for s, r in spellings.items()),
+                                     key=lambda item: -len(item[0])))
+
+    def root_of(self, path: str) -> tuple[str, TeamCache] | None:
+        """The real root and team of the watched root ``path`` lies in (or is), if any."""
+        probe = path + os.sep
+        for prefix, real, team in self.prefixes:
+            if probe.startswith(prefix):
+                return real, team
+        return None
+
+
+WATCHED = _Roots()
+_answers: dict[str, bool] = {}  # absolute root -> whether it is a team cache (asked once per process)
+_watch_lock = threading.Lock()
+
+
+def team_of(directory: str, policy: Policy) -> TeamCache | None:
+    """The plugins' ``sharedfs_team_cache`` answer for ``directory`` (or its nearest existing ancestor)."""
+    from sharedfs.machinery import choices
+    return choices.team_cache(os.path.abspath(directory), policy)
+
+
+def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> TeamCache | None:
+    """Give the group what this process creates under ``root`` (a framework's cache), if it is a team cache.
+
+    Asks the plugins once per root; a team cache's root is given to the group at once (if
+    this user made it) and watched from now on.  ``patcher`` (a shim's) makes ``unpatch``
+    stop watching it.  Returns the team, or ``None`` for a private cache.
+    """
+    absolute = os.path.abspath(os.fspath(root))
+    if _answers.get(absolute) is False:
+        return None
+    real = os.path.realpath(absolute)
+    team = WATCHED.get(real)
+    if team is None:
+        team = team_of(absolute, policy)
+        with _watch_lock:
+            _answers[absolute] = team is not None
+            if team is None:
+                return None
+            if patcher is not None:
+                patcher.setitem(WATCHED, real, team)
+            else:
+                WATCHED[real] = team
+            if absolute != real:
+                WATCHED.spell(absolute, real)
+        _install()
+        from sharedfs.machinery.log import decision
+
+        decision(f"team cache {absolute}: what this process creates there becomes group "
+                 f"{group_name(team.gid)}'s ({team.reason})")
+    elif absolute != real and absolute not in WATCHED._spellings:
+        WATCHED.spell(absolute, real)
+    give(absolute)
+    return team
+
+
+# -- the recorder ------------------------------------------------------------------------------------
+
+#: A recorded entry is the group's at most this long after it was made, lock or no lock.
+DRAIN_DELAY = 1.0
+#: The hook records a creation just before it happens: an entry not there yet is looked for again
+#: for this long (the open or mkdir is still running, or failed).
+MISSING_FOR = 5.0
+
+#: ("new", path, when) or ("rename", src, dst, when), in the order they happened; appended by the audit hook.
+_pending: list[tuple[Any, ...]] = []
+_drain = threading.Lock()
+_installed = False
+_quiet = threading.local()  # set while this module itself works: its own opens are not recorded
+_wake = threading.Event()
+_drainer: threading.Thread | None = None  # this process's; a forked child starts its own
+
+
+def _install() -> None:
+    global _installed
+    with _watch_lock:
+        if _installed:
+            return
+        _installed = True
+    sys.addaudithook(_hook)
+    atexit.register(settle_pending)
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _forked() -> None:
+    """In a forked child: the parent gives its own records; locks another thread held at fork are free again."""
+    global _drain, _watch_lock, _wake, _drainer
+    _pending.clear()
+    _drain, _watch_lock, _wake, _drainer = threading.Lock(), threading.Lock(), threading.Event(), None
+
+
+def _start_drainer() -> None:
+    global _drainer
+    with _watch_lock:
+        if _drainer is not None:
+            return
+        _drainer = threading.Thread(target=_drain_loop, name="sharedfs-teamfiles", daemon=True)
+    _drainer.start()
+
+
+def _drain_loop() -> None:
+    """Give what was recorded, a moment after it was: one pass per DRAIN_DELAY while records come in."""
+    while True:
+        _wake.wait()
+        time.sleep(DRAIN_DELAY)  # a burst of creations is given in one pass
+        _wake.clear()
+        try:
+            settle_pending()
+        except Exception:  # noqa: BLE001 - a background pass must never end the thread; the next one retries
+            pass
+
+
+def _spelled(path: Any) -> str | None:
+    if isinstance(path, int):
+        return None  # a descriptor: nothing to record
+    try:
+        return os.path.abspath(os.fsdecode(path))
+    except (TypeError, ValueError):
+        return None
+
+
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    """Record what this process creates under a watched root.  Never raises, never acts."""
+    if event == "open":
+        try:
+            path, mode, flags = args
+        except ValueError:
+            return
+        if not (flags & _WRITES or (isinstance(mode, str) and any(c in mode for c in "wax+"))):
+            return
+        kind = "new"
+    elif event == "os.mkdir":
+        path, kind = args[0], "new"
+        if len(args) > 2 and args[2] not in (-1, None):
+            return  # relative to a directory descriptor: the caller (sharedfs.shardcache) gives it
+    elif event == "os.rename":
+        path, kind = args[1], "rename"
+        if len(args) > 3 and (args[2] not in (-1, None) or args[3] not in (-1, None)):
+            return
+    elif event == "os.chmod":
+        path, kind = args[0], "new"
+        if len(args) > 2 and args[2] not in (-1, None):
+            return
+    else:
+        return
+    if not WATCHED.prefixes or getattr(_quiet, "on", False):
+        return
+    try:
+        spelled = _spelled(path)
+        if spelled is None:
+            return
+        if kind == "rename":
+            source = _spelled(args[0])
+            if source is None or not (WATCHED.root_of(source) or WATCHED.root_of(spelled)):
+                return
+            _pending.append(("rename", source, spelled, time.monotonic()))
+        elif WATCHED.root_of(spelled):
+            _pending.append(("new", spelled, time.monotonic()))
+        else:
+            return
+        if _drainer is None:
+            _start_drainer()
+        _wake.set()
+    except Exception:  # noqa: BLE001 - an audit hook that raises fails the audited call
+        return
+
+
+def settle_pending() -> int:
+    """Give the group everything recorded so far; returns how many entries changed."""
+    if not _pending:
+        return 0
+    with _drain:
+        records = _pending[:]
+        del _pending[: len(records)]  # the hook may append meanwhile: keep what came after
+        paths: dict[str, float] = {}  # path -> when it was recorded, in order
+        for record in records:
+            if record[0] == "new":
+                paths[record[1]] = record[2]
+                continue
+            _, source, target, when = record
+            moved = {}
+            for path, seen in paths.items():
+                if path == source or path.startswith(source + os.sep):
+                    moved[path] = (target + path[len(source):], seen)
+            for old, (new, seen) in moved.items():
+                del paths[old]
+                paths[new] = seen
+            paths[target] = when
+        changed, again, now = 0, [], time.monotonic()
+        for path in sorted(paths, key=lambda p: p.count(os.sep)):
+            if os.path.lexists(path):
+                changed += give(path)
+            elif now - paths[path] < MISSING_FOR:
+                again.append(("new", path, paths[path]))  # recorded just before it was made: look again
+        if again:
+            _pending[:0] = again  # before anything recorded meanwhile (a later rename must still move them)
+            _wake.set()
+        return changed
+
+
+# -- giving entries to the group -----------------------------------------------------------------------
+
+
+def give(path: str | os.PathLike[str]) -> bool:
+    """Give the entry ``path`` to its team cache's group, if it is this user's and lies in a watched root.
+
+    By descriptor: never a symlink, never a file with other links, never anything whose real
+    path left the root.  True when something changed.
+    """
+    spelled = os.path.abspath(os.fspath(path))
+    found = WATCHED.root_of(spelled)
+    if found is None:
+        return False
+    real_root, team = found
+    _quiet.on = True
+    try:
+        try:
+            fd = os.open(spelled, os.O_RDONLY | NOFOLLOW)
+        except OSError:
+            return False  # gone, a symlink, or not readable by its owner
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                return False
+            if not stat.S_ISDIR(st.st_mode) and not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+                return False
+            if want_unchanged(st, team):
+                return False
+            try:
+                real = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                return False  # cannot prove where it is: leave it
+            if real != real_root and not real.startswith(real_root + os.sep):
+                return False
+            return give_fd(fd, team, st)
+        finally:
+            os.close(fd)
+    finally:
+        _quiet.on = False
+
+
+def want_unchanged(st: os.stat_result, team: TeamCache) -> bool:
+    """Whether the entry ``st`` already has the team's group and bits."""
+    mode = stat.S_IMODE(st.st_mode)
+    return st.st_gid == team.gid and group_mode(mode, stat.S_ISDIR(st.st_mode)) == mode
+
+
+def give_tree(top: str | os.PathLike[str], limit: int = 100_000) -> int:
+    """Give the group every entry of this user under ``top`` (``top`` included); never follows symlinks.
+
+    For what the recorder cannot see (files forked workers wrote).  Returns how many changed.
+    """
+    top = os.path.abspath(os.fspath(top))
+    if WATCHED.root_of(top) is None:
+        return 0
+    changed = int(give(top))
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in (*dirnames, *filenames):
+            seen += 1
+            if seen > limit:
+                return changed
+            changed += give(os.path.join(dirpath, name))
+    return changed
+
+
+# -- framework locks ----------------------------------------------------------------------------------
+
+
+class SettlingLockMixin:
+    """Put in front of a framework's (sharedfs drop-in) lock class: the group gets what was made around it.
+
+    Before a lock is tried, the directories the framework just made for it are the group's
+    (members can then create their own lock files and entries there); before it is
+    released, whatever the holder made under it is.
+    """
+
+    #: Finds the team cache a lock file belongs to (the hub: the parent of ``.locks``), or None.
+    _sharedfs_team_root: Callable[[str], str | None] | None = None
+    #: Set when sharedfs started watching at the framework's first lock (a stand-in): the directories
+    #: the framework made for that lock before then, given to the group once (see :func:`settling`).
+    _sharedfs_catch_up: Callable[[str], Iterable[str]] | None = None
+
+    def _acquire(self) -> None:
+        cls = type(self)
+        finder = cls._sharedfs_team_root
+        if finder is not None and not self.__dict__.get("_sharedfs_watched"):
+            self.__dict__["_sharedfs_watched"] = True
+            root = finder(os.path.abspath(self.lock_file))  # type: ignore[attr-defined]
+            policy = getattr(self, "_sharedfs_policy", None)
+            if root is not None and policy is not None:
+                watch(root, policy)
+        if cls.__dict__.get("_sharedfs_catch_up") is not None:
+            catch_up = cls._sharedfs_catch_up  # the function (a staticmethod in the class)
+            cls._sharedfs_catch_up = None  # once per class: later creations are recorded as they happen
+            for top in catch_up(os.path.abspath(self.lock_file)):  # type: ignore[attr-defined,misc]
+                give_tree(top)  # only inside a watched team cache; nothing elsewhere
+        settle_pending()
+        super()._acquire()  # type: ignore[misc]
+
+    def _release(self) -> None:
+        settle_pending()
+        super()._release()  # type: ignore[misc]
+
+
+def settling(cls: type, team_root: Callable[[str], str | None] | None = None,
+             catch_up: Callable[[str], Iterable[str]] | None = None) -> type:
+    """``cls`` (a lock class) with :class:`SettlingLockMixin` in front; same name, module and documentation.
+
+    ``catch_up`` (for a shim applied late, at the framework's first lock) names, from that
+    first lock file, the directories the framework made for it while sharedfs was not yet
+    watching; what this user made there is given to the group once, before the lock is tried.
+    """
+    namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "__doc__": cls.__doc__}
+    if team_root is not None:
+        namespace["_sharedfs_team_root"] = staticmethod(team_root)
+    if catch_up is not None:
+        namespace["_sharedfs_catch_up"] = staticmethod(catch_up)
+    return type(cls.__name__, (SettlingLockMixin, cls), namespace)

@@ -1,0 +1,1 @@
+"""The command line: ``sharedfs status|doctor|env|cleanup|demo`` and the probes behind ``doctor``."""

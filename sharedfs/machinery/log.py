@@ -1,0 +1,30 @@
+"""Logs speak once: one line per decision, from one process per node.
+
+Every DataLoader worker and every rank runs the same code; without this a
+decision is printed hundreds of times.  ``decision`` logs at INFO, only from
+the node leader (local rank 0), and only the first time a message is seen.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sharedfs.machinery import runtime
+from sharedfs.machinery.hookspecs import NAME
+
+log = logging.getLogger(NAME)
+_said: set[str] = set()
+
+
+def decision(message: str, *, level: int = logging.INFO, every_rank: bool = False) -> None:
+    """Log ``message`` once per process, from the node leader only unless ``every_rank``."""
+    if message in _said:
+        return
+    _said.add(message)
+    if not every_rank:
+        try:
+            if not runtime.identity().is_node_leader:
+                return
+        except Exception:  # noqa: BLE001 - a log line must never fail the caller
+            pass
+    log.log(level, message)

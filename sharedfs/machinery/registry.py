@@ -1,0 +1,145 @@
+"""The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit).
+
+It registers the built-in plugins and shims from static tuples, then
+third-party plugins from the ``sharedfs`` entry-point group (scanned once, each
+in isolation so one broken plugin is reported, not fatal), and exposes one typed
+method per hook so nothing else touches ``pm.hook`` directly.  Plugins are
+loaded by name (``importlib``), as pluggy loads entry points: the kernel never
+imports a plugin or a shim module statically.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import import_module
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import pluggy
+
+from sharedfs.machinery import distinfo, hookspecs
+from sharedfs.machinery.hookspecs import NAME
+from sharedfs.model.identity import ProcessIdentity
+from sharedfs.model.policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
+from sharedfs.model.structs import frozen
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sharedfs.machinery.shim import Shim
+    from sharedfs.model.fsinfo import FsInfo, Mount
+    from sharedfs.model.records import HolderRecord
+
+log = logging.getLogger(NAME)
+
+#: Built-in deciding plugins.  Where the order of answers matters, the implementations say so
+#: with ``tryfirst``/``trylast`` (see hookspecs.py); registration order is not documentation.
+BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "teamcache", "liveness", "slurm", "distributed")
+#: Built-in shims, one module each in ``sharedfs/shims/``; the bootstrap's TARGETS names the
+#: module that triggers each (tests/test_shim.py checks that both tables agree).
+BUILTIN_SHIMS = ("datasets", "huggingface_hub", "webdataset", "wids", "mmengine", "xtuner", "torch")
+
+
+@frozen
+class ExternalPlugin:
+    """A third-party plugin found through the ``sharedfs`` entry-point group."""
+
+    name: str
+    value: str
+    distribution: str
+    version: str
+    error: str | None = None  # set when it failed to load; the plugin is then off
+
+
+class _PluginManager(pluggy.PluginManager):
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
+        # pluggy looks at every name a plugin module holds (getattr_static each): ~0.5 ms a module,
+        # 7 ms for the built-ins, paid by every framework's first import.  Every built-in hook
+        # implementation is named after its hook; third-party plugins get pluggy's full search.
+        if not name.startswith(f"{NAME}_") and getattr(plugin, "__name__", "").startswith(f"{NAME}."):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
+class Registry:
+    """Everything registered with sharedfs, and the only caller of its hooks."""
+
+    def __init__(self, *, blocked: Iterable[str] = (), entry_points: bool = True) -> None:
+        self.pm = _PluginManager(NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.blocked = frozenset(blocked)
+        for name in self.blocked:
+            self.pm.set_blocked(name)
+        for name in BUILTIN_PLUGINS:
+            self.pm.register(import_module(f"sharedfs.plugins.{name}"), name=name)
+        # Built-in shim modules register on first need (:meth:`shims`): activating one framework
+        # does not import the other six shims.
+        self.external: list[ExternalPlugin] = self._load_entry_points() if entry_points else []
+        self.pm.check_pending()  # a misspelt hook name in any plugin fails loudly here
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load_entry_points(self) -> list[ExternalPlugin]:
+        if not distinfo.declares_group(NAME):  # the usual case: no importlib.metadata to import
+            return []
+        from importlib.metadata import entry_points
+
+        found = []
+        eps = entry_points()
+        group = eps.select(group=NAME) if hasattr(eps, "select") else eps.get(NAME, ())  # type: ignore[arg-type]
+        for ep in group:
+            dist = getattr(ep, "dist", None)
+            meta = (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")
+            # A built-in shim's name stays the built-in's, registered or not yet (see :meth:`shims`).
+            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name) or ep.name in BUILTIN_SHIMS:
+                continue
+            try:
+                self.pm.register(ep.load(), name=ep.name)
+            except Exception as exc:  # noqa: BLE001 - one broken plugin must not break the user's import
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("plugin %r from %s %s failed to load and is off: %s",
+                            ep.name, meta[0], meta[1], error)
+                found.append(ExternalPlugin(ep.name, ep.value, meta[0], meta[1], error))
+            else:
+                found.append(ExternalPlugin(ep.name, ep.value, meta[0], meta[1]))
+        return found
+
+    # -- the hooks, one typed method each ---------------------------------------------------
+
+    def settings_layers(self, environ: Mapping[str, str]) -> list[Layer]:
+        return [layer for layers in self.pm.hook.sharedfs_settings_layers(environ=environ) for layer in layers]
+
+    def process_identity(self, environ: Mapping[str, str]) -> ProcessIdentity | None:
+        return self.pm.hook.sharedfs_process_identity(environ=environ)
+
+    def classify_filesystem(self, mount: Mount) -> FsInfo:
+        info = self.pm.hook.sharedfs_classify_filesystem(mount=mount)
+        if info is None:  # the built-in plugin always answers; a blocked one must not crash us
+            raise LookupError(f"no plugin classified {mount.fstype} at {mount.mount_point}")
+        return info
+
+    def choose_lock(self, path: str, fs: FsInfo, policy: Policy) -> LockChoice:
+        choice = self.pm.hook.sharedfs_choose_lock(path=path, fs=fs, policy=policy)
+        if choice is None:
+            raise LookupError(f"no plugin chose a lock for {path}")
+        return choice
+
+    def cache_placement(self, request: CacheRequest, policy: Policy) -> CachePlacement | None:
+        return self.pm.hook.sharedfs_cache_placement(request=request, policy=policy)
+
+    def team_cache(self, directory: str, policy: Policy) -> TeamCache | None:
+        return self.pm.hook.sharedfs_team_cache(directory=directory, policy=policy)
+
+    def holder_alive(self, record: HolderRecord, policy: Policy) -> bool | None:
+        return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy)
+
+    def shims(self, modules: Iterable[str] | None = None) -> list[Shim]:
+        """The shims registered so far, after registering the built-in shim ``modules`` (None: all)."""
+        added = False
+        for name in BUILTIN_SHIMS if modules is None else modules:
+            if name in BUILTIN_SHIMS and name not in self.blocked and self.pm.get_plugin(name) is None:
+                self.pm.register(import_module(f"sharedfs.shims.{name}"), name=name)
+                added = True
+        if added:
+            self.pm.check_pending()
+        return [shim for shims in self.pm.hook.sharedfs_register_shims() for shim in shims]
+
+    def plugin_names(self) -> list[str]:
+        return sorted(name for name, plugin in self.pm.list_name_plugin() if plugin is not None)

@@ -1,0 +1,114 @@
+"""This process's sharedfs: its plugin registry, its resolved policy, who it is.
+
+Everything here is created on first use (the first target import, or a call of
+the public API) and shared by the whole process.  Other modules ask here and
+never rebuild any of it: :func:`registry` for the plugins, :func:`policy` for the
+settings in force, :func:`identity` for the rank and node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import field, replace
+from typing import Any
+
+from sharedfs.machinery.hookspecs import NAME
+from sharedfs.machinery.registry import Registry
+from sharedfs.model import envvars
+from sharedfs.model.identity import ProcessIdentity
+from sharedfs.model.policy import Policy, explicit_layer, resolve
+from sharedfs.model.settings import BY_NAME, log_level
+from sharedfs.model.structs import mutable
+
+log = logging.getLogger(NAME)
+_lock = threading.RLock()
+
+
+@mutable
+class _State:
+    """The process's registry, the settings given by :func:`configure`, and the policy resolved from both."""
+
+    registry: Registry
+    explicit: dict[str, Any] = field(default_factory=dict)
+    policy: Policy | None = None
+
+
+_state: _State | None = None
+
+
+def _get_state() -> _State:
+    global _state
+    with _lock:
+        if _state is None:
+            _ensure_handler()
+            # Read before any plugin loads, so blocking happens at registration (pluggy set_blocked).
+            blocked = BY_NAME["disable"].parse(os.environ.get(envvars.DISABLE, ""))
+            _state = _State(registry=Registry(blocked=blocked))
+        return _state
+
+
+def registry() -> Registry:
+    """The process's plugin registry (built-in plugins, shims and entry points, loaded once)."""
+    return _get_state().registry
+
+
+def policy(**overrides: Any) -> Policy:
+    """The policy in force; with keyword arguments, that policy with those explicit settings on top.
+
+    Keyword arguments do not change the process's policy (use :func:`configure`).
+    """
+    state = _get_state()
+    with _lock:
+        if state.policy is None or overrides:
+            layers = state.registry.settings_layers(os.environ)
+            explicit = {**state.explicit, **overrides}
+            if explicit:
+                layers.append(explicit_layer(explicit))
+            resolved = resolve(layers)
+            if overrides:
+                return resolved
+            state.policy = resolved
+            log.setLevel(log_level(resolved.log))
+        return state.policy
+
+
+def set_explicit(settings: dict[str, Any]) -> Policy:
+    """Make ``settings`` this process's explicit settings (validated first); the new policy."""
+    state = _get_state()
+    with _lock:
+        candidate = policy(**settings)  # raises ConfigError before anything changes
+        state.explicit.update(settings)
+        state.policy = candidate
+        log.setLevel(log_level(candidate.log))
+        return candidate
+
+
+def identity() -> ProcessIdentity:
+    """This process's rank/node identity (re-asked each time: torch.distributed may start late)."""
+    answer = registry().process_identity(os.environ)
+    node = policy().node_id
+    if answer is None:
+        return ProcessIdentity(node_id=node)
+    return answer if answer.node_id else replace(answer, node_id=node)
+
+
+def strict() -> bool:
+    """``SHAREDFS_STRICT``, read directly: it matters most when the policy itself cannot be built."""
+    try:
+        return bool(BY_NAME["strict"].parse(os.environ.get(envvars.STRICT, "")))
+    except ValueError:
+        return False
+
+
+def _ensure_handler() -> None:
+    """One stderr handler on the ``sharedfs`` logger, unless the application configured its own."""
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("sharedfs: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False

@@ -1,0 +1,132 @@
+"""The uniform shape of a shim: what it targets, which versions, ``patch`` / ``unpatch``.
+
+A shim module (``sharedfs/shims/<framework>.py``) defines one :class:`Shim`
+subclass and returns an instance from the ``sharedfs_register_shims`` hook.
+It applies what it is handed -- the :class:`~sharedfs.Policy` and a
+:class:`ShimContext` with the plugins' decisions for its framework -- and
+decides nothing itself: no environment reads, no hook calls, no second look at
+the process's policy.  Every change it makes goes through its :class:`Patcher`,
+so ``unpatch`` restores exactly what was there (the OpenTelemetry
+``instrument``/``uninstrument`` habit).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any, ClassVar, MutableMapping
+
+from sharedfs.machinery.standin import unwrap
+from sharedfs.model.policy import CachePlacement, Policy
+from sharedfs.model.structs import frozen
+
+_MISSING = object()
+
+
+class Patcher:
+    """Records every attribute and mapping item it changes, and restores them in reverse."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[str, Any, Any, Any]] = []
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        # Remember the object's *own* value: an inherited attribute is restored by deletion.
+        own = getattr(obj, "__dict__", None)
+        old = own.get(name, _MISSING) if own is not None else getattr(obj, name, _MISSING)
+        old = unwrap(old)  # a stand-in (sharedfs's, waiting for this patch): restoring gives the original
+        self._undo.append(("attr", obj, name, old))
+        setattr(obj, name, value)
+
+    def setitem(self, mapping: MutableMapping[str, Any], key: str, value: Any) -> None:
+        self._undo.append(("item", mapping, key, mapping.get(key, _MISSING)))
+        mapping[key] = value
+
+    def restore(self) -> None:
+        while self._undo:
+            kind, obj, key, old = self._undo.pop()
+            if kind == "attr":
+                if old is _MISSING:
+                    delattr(obj, key)
+                else:
+                    setattr(obj, key, old)
+            elif old is _MISSING:
+                obj.pop(key, None)
+            else:
+                obj[key] = old
+
+    def changes(self) -> list[str]:
+        """Human-readable list of what is patched, for ``sharedfs status``."""
+        out = []
+        for kind, obj, key, _ in self._undo:
+            owner = getattr(obj, "__name__", type(obj).__name__)
+            out.append(f"{owner}.{key}" if kind == "attr" else f"{owner}[{key!r}]")
+        return out
+
+
+@frozen
+class ShimContext:
+    """The plugins' decisions for one shim, made by the kernel before :meth:`Shim.apply` runs.
+
+    ``cache`` is where the framework's cache goes (``None`` when the shim declares no
+    cache variable).  Deciding it may raise :class:`sharedfs.UnsafeDirectoryError`: the
+    import then fails with that error instead of falling back to an unsafe default.
+    """
+
+    cache: CachePlacement | None = None
+    #: True when the shim is applied at its framework's first lock (a stand-in's first call,
+    #: :mod:`sharedfs.machinery.standin`) rather than at its import: what the framework made before then
+    #: (the directories around that first lock) was made while sharedfs was not watching.
+    late: bool = False
+
+
+class Shim:
+    """Base class of every shim.
+
+    Subclasses set the class attributes and implement :meth:`apply`; callers use
+    :meth:`patch` and :meth:`unpatch`, which make the shim idempotent.
+    """
+
+    #: Shim name: the plugin name, and what ``SHAREDFS_DISABLE=name`` blocks.
+    name: ClassVar[str]
+    #: The module whose import triggers this shim.
+    target: ClassVar[str]
+    #: The distribution whose installed metadata gives the version.
+    distribution: ClassVar[str]
+    #: PEP 440 specifier set of the versions this shim was written and tested for.
+    supported: ClassVar[str]
+    #: The environment variable through which users choose this framework's cache
+    #: directory (``HF_DATASETS_CACHE``), and the framework's default when it is unset;
+    #: ``None`` for a framework without a cache sharedfs places.
+    cache_env: ClassVar[str | None] = None
+    cache_default: ClassVar[str | None] = None
+
+    def __init__(self) -> None:
+        self.patcher = Patcher()
+        self.policy: Policy | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.policy is not None
+
+    def patch(self, policy: Policy, context: ShimContext | None = None) -> None:
+        """Apply ``policy`` to the (already imported) target.  Re-applies if the policy changed."""
+        if self.policy == policy:
+            return
+        if self.applied:
+            self.unpatch()
+        module = sys.modules[self.target]
+        try:
+            self.apply(module, policy, context or ShimContext())
+        except BaseException:
+            self.patcher.restore()  # never leave a framework half-patched
+            raise
+        self.policy = policy
+
+    def unpatch(self) -> None:
+        """Restore every attribute and setting :meth:`patch` changed."""
+        self.patcher.restore()
+        self.policy = None
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:  # pragma: no cover
+        """Change ``module`` (through ``self.patcher``) so it follows ``policy`` and ``context``."""
+        raise NotImplementedError(f"{type(self).__name__}.apply")

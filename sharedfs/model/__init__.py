@@ -1,0 +1,2 @@
+"""The data model: settings, environment variables, the policy and its layers, filesystem
+facts, holder records, process identity."""

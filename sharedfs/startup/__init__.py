@@ -1,0 +1,2 @@
+"""Start-up: what runs once a target framework is imported (the bootstrap's side),
+activation, and enable/disable."""

@@ -1,0 +1,137 @@
+"""What the bootstrap's finder does once a target framework is imported: wrap its loader, then activate.
+
+``_sharedfs_bootstrap`` is loaded by every interpreter, so it keeps only what start-up
+needs (the tables, the finder's ``find_spec``, install and uninstall); everything that
+runs once a target module has been found lives here and is imported then.  Like the
+bootstrap, this is an entry point above the kernel: the kernel is imported inside
+:func:`activate`, only when a framework really is in use.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import _sharedfs_bootstrap as _bootstrap
+
+#: True while a stand-in activates its shim: imports made meanwhile take the eager path.
+_resolving = False
+
+#: Built-in shims that only act on what another shim claimed: the DataLoader worker cap ("torch")
+#: touches only datasets that a framework shim (webdataset, wids) registered.  Importing their
+#: target alone does not load sharedfs -- ``import torch`` would pay ~20 ms (1.5 %) for a patch
+#: that cannot act -- they are applied right after the first activation that does load it (the
+#: claiming shim's), or at once when it is loaded already.  Not while a third-party plugin is
+#: installed: its shims may target the same module, and only loading sharedfs tells.
+FOLLOWERS = frozenset({"torch"})
+#: The entry-point group of third-party plugins (``registry.NAME``; tests/test_shim.py checks).
+PLUGIN_GROUP = "sharedfs"
+#: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
+_deferred: list[str] = []
+
+
+def hook_exec_module(loader: Any, fullname: str) -> None:
+    """Make ``loader`` activate sharedfs right after it has executed ``fullname``."""
+    original = getattr(loader, "exec_module", None)
+    if original is None:
+        return
+    had_own = "exec_module" in getattr(loader, "__dict__", {})
+
+    def exec_module(module: Any) -> None:
+        try:
+            original(module)
+        finally:
+            # Put the loader back as it was: loaders can be shared (zip, editable
+            # finders) and must not call us again for an unrelated module.
+            if had_own:
+                loader.exec_module = original
+            else:
+                try:
+                    del loader.exec_module
+                except AttributeError:
+                    pass
+        activate(fullname)  # only after the framework executed without error
+
+    try:
+        loader.exec_module = exec_module
+    except (AttributeError, TypeError):
+        pass  # a loader with __slots__: the framework imports unpatched, as without us
+
+
+def activate(module_name: str) -> None:
+    """Apply the shims for ``module_name`` (just imported), or put a stand-in in place (see ``STAND_INS``)."""
+    stand_in = _bootstrap.STAND_INS.get(module_name)
+    if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
+        return
+    names = {name for name, target in _bootstrap.TARGETS.items() if target == module_name}
+    if names and names <= FOLLOWERS and "sharedfs.startup.activation" not in sys.modules and not _plugins_installed():
+        if module_name not in _deferred:
+            _deferred.append(module_name)
+        return
+    # The collector is held off while the kernel loads: its few thousand objects live as long as
+    # the process, and in a heap the framework just filled (torch: a million objects) they tip a
+    # full collection that was pending anyway -- 100 ms inside the user's import statement that
+    # the program otherwise pays at its next allocations.  Deferred, not skipped.
+    import gc
+
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        # Imported here, not at the top: this is where pluggy, importlib.metadata and
+        # the policy get loaded, and only once a target framework is really in use.
+        from sharedfs.startup.activation import activate as apply_shims
+
+        # Only the built-in shims for this module are imported (a shim's module: its name's first part).
+        known = apply_shims(module_name, {name.partition(".")[0] for name in names})
+    finally:
+        if paused:
+            gc.enable()
+    # Third-party shims (from entry points) may target modules the static table lacks.
+    new: set[str] = known - _bootstrap._targets if _bootstrap._finder is not None else set()
+    _bootstrap.add_targets(new)
+    for name in sorted(new):
+        if name in sys.modules:
+            activate(name)
+    while True:  # pop() is atomic: two threads activating at once never apply a follower twice
+        try:
+            name = _deferred.pop()
+        except IndexError:
+            break
+        if name in sys.modules:
+            activate(name)
+
+
+def _plugins_installed() -> bool:
+    """Whether any distribution declares a sharedfs plugin (True when unsure).
+
+    A scan of the ``*.dist-info`` directories (~3 ms with a hundred distributions), which the
+    kernel reuses when it loads; never importlib.metadata here.
+    """
+    from sharedfs.machinery import distinfo
+    return distinfo.declares_group(PLUGIN_GROUP)
+
+
+def _stand_in(module_name: str, shim: str, attr: str) -> bool:
+    from os import environ
+
+    if _bootstrap.DISABLE in environ:  # any value: let the policy read it (a shim list, or a malformed value)
+        return False
+    from sharedfs.machinery.standin import install
+
+    return install(sys.modules[module_name], attr, shim, lambda: _activate_for(shim))
+
+
+def _activate_for(shim: str) -> None:
+    """Activate ``shim`` now (a stand-in's first use): import its target if need be, eagerly."""
+    global _resolving
+    target = _bootstrap.TARGETS[shim]
+    _resolving = True
+    try:
+        if target in sys.modules:
+            activate(target)
+        else:
+            # The finder's hook activates it once it has executed (after sharedfs.disable() nothing
+            # does, as it should: the stand-in then gives way to the original).
+            __import__(target)
+    finally:
+        _resolving = False
