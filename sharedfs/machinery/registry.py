@@ -1,6 +1,7 @@
 """The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit).
 
-It registers the built-in plugins and shims from static tuples, then
+It registers the built-in plugins from a static tuple and the built-in shims from the
+bootstrap's table, then
 third-party plugins from the ``sharedfs`` entry-point group (scanned once, each
 in isolation so one broken plugin is reported, not fatal), and exposes one typed
 method per hook so nothing else touches ``pm.hook`` directly.  Plugins are
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import pluggy
 
+import _sharedfs_bootstrap as _bootstrap  # stdlib only; the .pth loaded it already
 from sharedfs.machinery import distinfo, hookspecs
 from sharedfs.machinery.hookspecs import NAME
 from sharedfs.model.identity import ProcessIdentity
@@ -32,9 +34,10 @@ log = logging.getLogger(NAME)
 #: Built-in deciding plugins.  Where the order of answers matters, the implementations say so
 #: with ``tryfirst``/``trylast`` (see hookspecs.py); registration order is not documentation.
 BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "teamcache", "liveness", "slurm", "distributed")
-#: Built-in shims, one module each in ``sharedfs/shims/``; the bootstrap's TARGETS names the
-#: module that triggers each (tests/test_shim.py checks that both tables agree).
-BUILTIN_SHIMS = ("datasets", "huggingface_hub", "webdataset", "wids", "mmengine", "xtuner", "torch")
+#: Built-in shims, one module each in ``sharedfs/shims/``, derived from the one table of shims:
+#: the bootstrap's ``TARGETS`` (shim name -> the module whose import triggers it; a shim's module
+#: is its name's first part).  Adding a shim is its module plus one row there.
+BUILTIN_SHIMS = tuple(dict.fromkeys(name.partition(".")[0] for name in _bootstrap.TARGETS))
 
 
 @frozen

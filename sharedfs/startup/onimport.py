@@ -68,24 +68,12 @@ def activate(module_name: str) -> None:
         if module_name not in _deferred:
             _deferred.append(module_name)
         return
-    # The collector is held off while the kernel loads: its few thousand objects live as long as
-    # the process, and in a heap the framework just filled (torch: a million objects) they tip a
-    # full collection that was pending anyway -- 100 ms inside the user's import statement that
-    # the program otherwise pays at its next allocations.  Deferred, not skipped.
-    import gc
+    # Imported here, not at the top: this is where pluggy, importlib.metadata and
+    # the policy get loaded, and only once a target framework is really in use.
+    from sharedfs.startup.activation import activate as apply_shims
 
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        # Imported here, not at the top: this is where pluggy, importlib.metadata and
-        # the policy get loaded, and only once a target framework is really in use.
-        from sharedfs.startup.activation import activate as apply_shims
-
-        # Only the built-in shims for this module are imported (a shim's module: its name's first part).
-        known = apply_shims(module_name, {name.partition(".")[0] for name in names})
-    finally:
-        if paused:
-            gc.enable()
+    # Only the built-in shims for this module are imported (a shim's module: its name's first part).
+    known = apply_shims(module_name, {name.partition(".")[0] for name in names})
     # Third-party shims (from entry points) may target modules the static table lacks.
     new: set[str] = known - _bootstrap._targets if _bootstrap._finder is not None else set()
     _bootstrap.add_targets(new)
