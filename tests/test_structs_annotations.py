@@ -272,7 +272,7 @@ def _load_throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     asked: List[Any] = []
     with monkeypatch.context() as during_import:  # undone on leaving: the kernel keeps the structs it imported
         during_import.delitem(sys.modules, STRUCTS)
-        during_import.setattr(sharedfs, "structs", structs)  # the import rebinds it
+        during_import.setattr(sharedfs.model, "structs", structs)  # the import rebinds it
         if python_3_14:
             during_import.setitem(sys.modules, "annotationlib", _fake_annotationlib(asked))
             during_import.setattr(sys, "version_info", (3, 14, 0, "final", 0))

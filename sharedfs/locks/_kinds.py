@@ -123,6 +123,9 @@ class Hold:
 _said: set[str] = set()
 
 
+#: ``registry.holder_alive``: (record, policy, seconds watched unchanged or None) -> alive, gone, or None.
+HolderAlive = Callable[[HolderRecord, Policy, "float | None"], "bool | None"]
+
 def _say_once(key: str, message: str, *args: object) -> None:
     if key not in _said:
         _said.add(key)
@@ -130,7 +133,7 @@ def _say_once(key: str, message: str, *args: object) -> None:
 
 
 def take_marker(target: Target, *, native_held: bool,
-                holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> tuple[int, Any] | None:
+                holder_alive: HolderAlive) -> tuple[int, Any] | None:
     """Create the marker with this process's record; (fd, lease) or ``None`` while someone else holds it."""
     kind = target.choice.kind
     lease_seconds = target.policy.lease_seconds if kind == "lease" else None
@@ -149,7 +152,7 @@ def take_marker(target: Target, *, native_held: bool,
 
 
 def _break_if_dead(target: Target, native_held: bool,
-                   holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> bool:
+                   holder_alive: HolderAlive) -> bool:
     """True when the marker is gone now (released, or broken here because its holder is gone)."""
     seen = _marker.read(target.marker)
     if seen is None:
@@ -166,18 +169,16 @@ def _break_if_dead(target: Target, native_held: bool,
                       "Remove it if nobody uses the lock: rm -f %s", target.marker, target.marker)
             return False
         dead = target.watch.unchanged_for(seen) >= _marker.EMPTY_GRACE
-    elif record.kind == "lease":
-        dead = target.watch.unchanged_for(seen) >= (record.lease_seconds or target.policy.lease_seconds)
     elif native_held and record.kind in ("flock", "posix"):
-        dead = True  # that holder would still hold the native lock we now hold
-    else:
-        dead = holder_alive(record, target.policy) is False
+        dead = True  # that holder would still hold the native lock we now hold (the protocol, not liveness)
+    else:  # the one rule for "holder gone", a lease's expiry included (plugins/liveness.py)
+        dead = holder_alive(record, target.policy, target.watch.unchanged_for(seen)) is False
     if not dead:
         return False
     try:
         breaker = HolderRecord.mine(target.policy.node_id, "break")
         broken = _marker.break_stale(target.marker, seen, breaker,
-                                     lambda other: holder_alive(other, target.policy) is False)
+                                     lambda other: holder_alive(other, target.policy, None) is False)
     except _marker.NotAllowed:
         _say_once(target.marker + ":owner",
                   "%s was left by %s, whose process is gone (%s), but %s does not let you remove another user's "
@@ -390,7 +391,7 @@ class Native:
     holders, whose shared locks do not exclude each other.
     """
 
-    def __init__(self, target: Target, holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> None:
+    def __init__(self, target: Target, holder_alive: HolderAlive) -> None:
         self.target = target
         self.how = target.choice.kind
         self.holder_alive = holder_alive
@@ -504,7 +505,7 @@ class Native:
 class Existence:
     """``soft`` and ``lease``: the marker alone."""
 
-    def __init__(self, target: Target, holder_alive: Callable[[HolderRecord, Policy], bool | None]) -> None:
+    def __init__(self, target: Target, holder_alive: HolderAlive) -> None:
         self.target = target
         self.holder_alive = holder_alive
 

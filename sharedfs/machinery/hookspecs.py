@@ -155,17 +155,27 @@ def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
 
 
 @hookspec(firstresult=True)
-def sharedfs_holder_alive(record: HolderRecord, policy: Policy) -> bool | None:
-    """Say whether the process that holds a lock is still alive.
+def sharedfs_holder_alive(record: HolderRecord, policy: Policy, unchanged_for: float | None) -> bool | None:
+    """Say whether the process that wrote a holder record is still alive.
 
-    *firstresult*.  Return ``True`` (alive: keep waiting), ``False`` (dead:
-    the lock may be broken) or ``None`` (cannot tell).  The built-in
-    ``liveness`` plugin answers for holders on this node (pid and process
-    start time); the ``slurm`` plugin asks the scheduler about holders whose
-    record names a Slurm job.
+    The one rule for "holder gone", asked everywhere a record is judged: a lock's
+    waiter (may the marker be broken?), the shard cache (may a reader's shard be
+    evicted, a download claim be taken over?) and job cleanup (may a job
+    directory go?).  *firstresult*.  Return ``True`` (alive: keep waiting),
+    ``False`` (gone: its lock may be broken, its files removed) or ``None``
+    (cannot tell: nothing is broken or removed).  The built-in answers, in order:
+    ``liveness`` (``tryfirst``) judges a lease by ``unchanged_for`` and a holder on
+    this node by its pid and process start time; ``slurm`` asks the scheduler
+    about holders whose record names a Slurm job; ``liveness``'s last answer
+    (``trylast``) lets a shard-cache record nobody can vouch for go after six hours.
 
-    :param record: what the holder wrote into the lock file.
+    :param record: what the holder wrote (``record.kind`` says what for: a lock
+        kind, ``inuse`` or ``downloading`` in a shard cache, ``user`` of a job directory).
     :param policy: the policy in force.
+    :param unchanged_for: seconds the caller has watched this record stay
+        unchanged (a lock's waiter; what a lease is judged by), or ``None`` when
+        it has not watched it.  A plugin written before this argument existed
+        simply does not name it.
     """
 
 

@@ -130,8 +130,8 @@ class Registry:
     def team_cache(self, directory: str, policy: Policy) -> TeamCache | None:
         return self.pm.hook.sharedfs_team_cache(directory=directory, policy=policy)
 
-    def holder_alive(self, record: HolderRecord, policy: Policy) -> bool | None:
-        return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy)
+    def holder_alive(self, record: HolderRecord, policy: Policy, unchanged_for: float | None = None) -> bool | None:
+        return self.pm.hook.sharedfs_holder_alive(record=record, policy=policy, unchanged_for=unchanged_for)
 
     def shims(self, modules: Iterable[str] | None = None) -> list[Shim]:
         """The shims registered so far, after registering the built-in shim ``modules`` (None: all)."""
