@@ -16,6 +16,7 @@ from conftest import clean_env
 from locktools import run_workers
 
 import sharedfs
+import sharedfs.types
 
 HOLD = """
 import sys, time, sharedfs
@@ -107,6 +108,55 @@ def test_a_stuck_lease_holder_on_another_node_is_taken_over_after_the_lease(tmp_
     finally:
         holder.kill()
         holder.wait()
+
+
+
+class _VouchesForEveryone:
+    """A site plugin that knows better than the lease: every holder is alive (say, a heartbeat service)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    @sharedfs.types.hookimpl(tryfirst=True)
+    def sharedfs_holder_alive(self, record):  # type: ignore[no-untyped-def]  # a plugin may name fewer arguments
+        self.asked.append(record.kind)
+        return True
+
+
+def test_a_lease_is_judged_through_the_liveness_hook_so_a_site_plugin_can_keep_it(tmp_path: Path, fresh_runtime,
+                                                                                  monkeypatch) -> None:
+    # The lease's expiry is plugins/liveness.py's answer to sharedfs_holder_alive, not a rule of the lock's
+    # own: a site plugin that answers first keeps a stuck holder's lock, and without it the lease decides.
+    monkeypatch.setenv("SHAREDFS_NODE_ID", "nodeB")
+    monkeypatch.setenv("SHAREDFS_LEASE_SECONDS", "1")
+    holder = _hold(tmp_path / "l.lock", "lease", "nodeA", SHAREDFS_LEASE_SECONDS="1")
+    holder.send_signal(signal.SIGSTOP)  # alive, but its heartbeat no longer runs
+    site = _VouchesForEveryone()
+    pm = fresh_runtime.registry().pm
+    pm.register(site, name="test-site-heartbeat")
+    try:
+        with pytest.raises(sharedfs.LockTimeout):
+            sharedfs.lock(tmp_path / "l.lock", kind="lease", timeout=2.5).acquire()
+        assert site.asked and set(site.asked) == {"lease"}
+        pm.unregister(name="test-site-heartbeat")
+        with sharedfs.lock(tmp_path / "l.lock", kind="lease", timeout=20) as lock:
+            assert lock.kind == "lease"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_liveness_plugin_judges_a_lease_by_how_long_its_waiter_saw_it_unchanged() -> None:
+    from sharedfs.model.policy import resolve
+    from sharedfs.model.records import HolderRecord
+    from sharedfs.plugins import liveness
+
+    policy = resolve([])
+    record = HolderRecord.mine("elsewhere", "lease", lease_seconds=2.0)
+    assert liveness.sharedfs_holder_alive(record, policy, unchanged_for=1.9) is True
+    assert liveness.sharedfs_holder_alive(record, policy, unchanged_for=2.0) is False
+    # Not watched (job cleanup, the shard cache): the lease says nothing; another node's pid cannot either.
+    assert liveness.sharedfs_holder_alive(record, policy, unchanged_for=None) is None
 
 
 def test_auto_chooses_flock_on_local_disk(tmp_path: Path, fresh_runtime) -> None:
