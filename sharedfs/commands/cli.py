@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sharedfs import __version__
@@ -33,6 +33,23 @@ Each command has --help.  Settings are SHAREDFS_* variables (see `sharedfs statu
 """
 
 
+#: What ``--json`` says in every command's help (``demo`` adds where its progress goes).
+JSON_HELP = "machine-readable output"
+
+
+def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
+             description: str) -> argparse.ArgumentParser:
+    """One subcommand: its one-line ``help`` in ``sharedfs --help``, its ``description``, and what runs it."""
+    command: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    command.set_defaults(func=func)
+    return command
+
+
+def _json_flag(command: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
+    """``--json``, added where it stands in the command's option list (the help shows options in that order)."""
+    command.add_argument("--json", action="store_true", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line, as data (the tests compare it with the README and the docs)."""
     parser = argparse.ArgumentParser(prog="sharedfs", description=DESCRIPTION, epilog=EPILOG,
@@ -41,62 +58,62 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands (sharedfs COMMAND --help for each)")
 
-    p_status = sub.add_parser("status", help="version, autoload, shims, plugins, policy conflicts, every setting "
-                                             "with its source", description="What sharedfs does in this environment.")
-    p_status.add_argument("--json", action="store_true", help="machine-readable output")
-    p_status.set_defaults(func=cmd_status)
+    status = _command(sub, "status", cmd_status,
+                      help="version, autoload, shims, plugins, policy conflicts, every setting with its source",
+                      description="What sharedfs does in this environment.")
+    _json_flag(status)
 
-    p_doctor = sub.add_parser(
-        "doctor", help="what a path's filesystem and locks do, what sharedfs does there, what would make it better",
+    doctor = _command(
+        sub, "doctor", cmd_doctor,
+        help="what a path's filesystem and locks do, what sharedfs does there, what would make it better",
         description="Probe each PATH (files are created in a temporary subdirectory and removed): what the "
                     "filesystem is, what its locks really do, which lock sharedfs uses there, whether programs "
                     "without sharedfs are excluded by it, and the one setting or mount option that would help.")
-    p_doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH",
-                          help="directories to probe, e.g. your datasets cache (default: the current directory)")
-    p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    p_doctor.add_argument("--cross-node", action="store_true",
-                          help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
-    p_doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                          help="--cross-node: seconds to wait for the other nodes (default 30)")
-    p_doctor.set_defaults(func=cmd_doctor)
+    doctor.add_argument("paths", nargs="*", default=["."], metavar="PATH",
+                        help="directories to probe, e.g. your datasets cache (default: the current directory)")
+    _json_flag(doctor)
+    doctor.add_argument("--cross-node", action="store_true",
+                        help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
+    doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="--cross-node: seconds to wait for the other nodes (default 30)")
 
-    p_env = sub.add_parser(
-        "env", help="print the exports a batch script needs when its Python cannot autoload (python -S)",
+    env = _command(
+        sub, "env", cmd_env,
+        help="print the exports a batch script needs when its Python cannot autoload (python -S)",
         description="Print the variables that give a process without autoload (python -S, a wrapper that "
                     "clears site) the same policy and cache directories.  The node id is never exported: it "
                     "is per process, and `srun` would hand the batch node's name to every node.")
-    p_env.add_argument("--shell", choices=("bash", "fish"), default="bash",
-                       help="syntax of the exports: bash (also sh, zsh) or fish (default bash)")
-    p_env.add_argument("--json", action="store_true", help="machine-readable output")
-    p_env.set_defaults(func=cmd_env)
+    env.add_argument("--shell", choices=("bash", "fish"), default="bash",
+                     help="syntax of the exports: bash (also sh, zsh) or fish (default bash)")
+    _json_flag(env)
 
-    p_cleanup = sub.add_parser(
-        "cleanup", help="remove one job's node-local directories on this node (for Slurm epilogs)",
+    cleanup = _command(
+        sub, "cleanup", cmd_cleanup,
+        help="remove one job's node-local directories on this node (for Slurm epilogs)",
         description="Remove <root>/sharedfs-<uid>/job-<ID>/ on this node, as that user; refused while the "
                     "job's processes still use it (unless --force).")
-    p_cleanup.add_argument("--job", required=True, metavar="ID", help="the job id (e.g. $SLURM_JOB_ID)")
-    p_cleanup.add_argument("--uid", type=int, default=None, metavar="UID",
-                           help="the job's user (default $SLURM_JOB_UID, else you)")
-    p_cleanup.add_argument("--root", default=None, metavar="DIR", help="node-local root (default: the policy's)")
-    p_cleanup.add_argument("--force", action="store_true", help="remove even while processes of the job use it")
-    p_cleanup.add_argument("--json", action="store_true", help="machine-readable output")
-    p_cleanup.set_defaults(func=cmd_cleanup)
+    cleanup.add_argument("--job", required=True, metavar="ID", help="the job id (e.g. $SLURM_JOB_ID)")
+    cleanup.add_argument("--uid", type=int, default=None, metavar="UID",
+                         help="the job's user (default $SLURM_JOB_UID, else you)")
+    cleanup.add_argument("--root", default=None, metavar="DIR", help="node-local root (default: the policy's)")
+    cleanup.add_argument("--force", action="store_true", help="remove even while processes of the job use it")
+    _json_flag(cleanup)
 
-    p_demo = sub.add_parser(
-        "demo", help="reproduce the cluster filesystem failures on this machine, then show them fixed",
+    demo = _command(
+        sub, "demo", cmd_demo,
+        help="reproduce the cluster filesystem failures on this machine, then show them fixed",
         description="Run each field failure twice in real processes on a simulated cluster filesystem: "
                     "without sharedfs, then with it.  Scenarios whose framework is not installed are skipped "
                     "with the command that installs it (pip install 'sharedfs[demo]' brings them all).")
-    p_demo.add_argument("--json", action="store_true", help="machine-readable output (progress goes to stderr)")
-    p_demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
-    p_demo.add_argument("--only", action="append", metavar="TEXT",
-                        help="run the scenarios whose name contains TEXT (repeatable)")
-    p_demo.add_argument("--html", metavar="FILE", help="also write a one-page HTML report (for a ticket)")
-    p_demo.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
-    p_demo.add_argument("--doctor", action="append", metavar="PATH",
-                        help="paths whose `sharedfs doctor` verdict goes into the report (default: the current "
-                             "directory; repeatable)")
-    p_demo.set_defaults(func=cmd_demo)
+    _json_flag(demo, JSON_HELP + " (progress goes to stderr)")
+    demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
+    demo.add_argument("--only", action="append", metavar="TEXT",
+                      help="run the scenarios whose name contains TEXT (repeatable)")
+    demo.add_argument("--html", metavar="FILE", help="also write a one-page HTML report (for a ticket)")
+    demo.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    demo.add_argument("--doctor", action="append", metavar="PATH",
+                      help="paths whose `sharedfs doctor` verdict goes into the report (default: the current "
+                           "directory; repeatable)")
     return parser
 
 
