@@ -11,7 +11,8 @@ with the weaker claim: a lock wrongly believed coherent lets two nodes write
 the same cache entry, while a lock wrongly believed node-local only costs the
 slower existence lock.  A site that knows better (say, BeeGFS with
 ``tuneUseGlobalFileLocks=true``) overrides this plugin with its own
-``sharedfs_classify_filesystem`` implementation marked ``tryfirst=True``.
+``sharedfs_classify_filesystem`` implementation: this one is ``trylast``, so a
+plain ``@hookimpl`` answers first (docs/architecture.md shows one).
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ def sharedfs_classify_filesystem(mount: Mount) -> FsInfo | None:
 
     *firstresult*.  The built-in ``filesystem`` plugin knows Lustre, GPFS, NFS,
     BeeGFS, CephFS, CIFS, FUSE, overlay, tmpfs and local block filesystems;
-    a site plugin with ``tryfirst=True`` can teach it more.  The answer is
+    it is ``trylast``, so a site plugin's plain ``@hookimpl`` answers first and
+    can teach it more (return ``None`` to leave a mount to it).  The answer is
     cached per mount.  An unknown filesystem must be reported as shared with no
     trustworthy lock.
 
