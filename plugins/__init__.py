@@ -1,7 +1,8 @@
 """Built-in deciding plugins (installed as ``sharedfs.plugins``).
 
 Each module implements hooks from :mod:`sharedfs.machinery.hookspecs` to *decide* part
-of the policy.  A plugin never patches anything.
+of the policy, imports its names from :mod:`sharedfs.types`, and is named in
+``registry.BUILTIN_PLUGINS``.  A plugin never patches anything.
 """
 
 # In a source checkout this folder is also importable as the top-level ``plugins`` package,

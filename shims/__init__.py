@@ -1,8 +1,10 @@
 """Built-in shims (installed as ``sharedfs.shims``): one module per framework.
 
-Each module defines one :class:`sharedfs.machinery.shim.Shim` and returns it from
-``sharedfs_register_shims``.  A shim applies the policy it is given and never
-imports another shim; it imports its framework only inside ``apply``.
+Each module defines a :class:`~sharedfs.types.Shim` per target module (mmengine and torch
+patch submodules that load on demand) and returns them from ``sharedfs_register_shims``;
+each shim is one row of ``_sharedfs_bootstrap.TARGETS``.  A shim imports its names from
+:mod:`sharedfs.types`, applies the policy it is given, never imports another shim, and
+imports its framework only inside ``apply``.
 """
 
 # In a source checkout this folder is also importable as the top-level ``shims`` package,
