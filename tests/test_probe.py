@@ -142,7 +142,7 @@ def test_probe_reports_a_directory_without_write_permission(tmp_path: Path) -> N
         # would also lose access to this interpreter under /root).
         if shutil.which("setpriv") is None:
             skip_or_fail("setpriv is needed to drop root's permission override")
-        src = str(Path(sharedfs.commands.probe.__file__).resolve().parents[1])
+        src = str(Path(sharedfs.commands.probe.__file__).resolve().parents[2])
         code = "import json, sys; from sharedfs.commands.probe import probe; print(json.dumps(probe(sys.argv[1])))"
         run = subprocess.run(
             ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c", code, str(locked)],
