@@ -1,4 +1,4 @@
-"""The ``sharedfs`` command: ``status``, ``doctor``, ``env``, ``cleanup`` and ``demo`` (each with ``--json``)."""
+"""The ``sharedfs`` command: ``status``, ``doctor``, ``locks``, ``env``, ``cleanup`` and ``demo`` (each with ``--json``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ examples:
   sharedfs doctor /lustre/proj/cache      what this path's filesystem and locks do, and what would make them better
   srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node /lustre/proj/cache
                                           check from two nodes whether locks really exclude across nodes
+  sharedfs locks /lustre/proj/cache       who holds each lock there (alive, dead, or nobody here can tell)
+  sharedfs locks --clear-dead /lustre/proj/cache
+                                          remove exactly the locks whose holder is provably gone
   eval "$(sharedfs env)"                  in a batch script whose Python runs without site (python -S)
   sharedfs cleanup --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID"
                                           in a Slurm epilog: remove the job's node-local caches
@@ -76,6 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
     doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="--cross-node: seconds to wait for the other nodes (default 30)")
+
+    locks = _command(
+        sub, "locks", cmd_locks,
+        help="which locks exist under a path, who holds each, whether that holder is alive, dead or unknown",
+        description="Walk each PATH (a cache directory, or one lock file) and list every lock sharedfs and the "
+                    "frameworks use there: the holder (user, node, pid, Slurm job and step, since when) and its "
+                    "state: held, dead (provably gone: this node's own evidence, or Slurm says the job or step "
+                    "ended), unknown (nobody here can tell: another node and no scheduler to ask), or free. "
+                    "Exit status: 0 nothing held, 1 something held or unknown, 2 an error.")
+    locks.add_argument("paths", nargs="+", metavar="PATH",
+                       help="cache directories to walk, or lock files (the path a wait message names)")
+    _json_flag(locks, JSON_HELP + ": a list of objects with lock, kind, state, holder, evidence")
+    locks.add_argument("--clear-dead", action="store_true",
+                       help="remove the locks whose state is dead, by the lock's own breaking protocol (a holder "
+                            "that takes the lock meanwhile keeps it); unknown ones are never removed")
+    locks.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                       help="only locks held (or left) for at least SECONDS")
+    locks.add_argument("--user", default=None, metavar="NAME", help="only locks of this user (name or uid)")
 
     env = _command(
         sub, "env", cmd_env,
@@ -671,6 +692,16 @@ def cmd_doctor_cross_node(args: argparse.Namespace) -> int:
     # One compact line per task: srun merges every task's output into one stream.
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report), flush=True)
     return 0
+
+
+# -- locks --------------------------------------------------------------------------------------
+
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    from sharedfs.commands.locks import main as locks_main
+
+    return locks_main(args.paths, as_json=args.json, clear_dead=args.clear_dead, older_than=args.older_than,
+                      user=args.user)
 
 
 # -- cleanup ------------------------------------------------------------------------------------
