@@ -280,7 +280,7 @@ def _classify(path: str, name: str, names: set[str], part: str, walk: Walk, entr
         return _break_turn_row(path, walk)
     own = _OWN_NAME.fullmatch(name)
     if own is not None:
-        return _own_name_row(path, own.group(1), names, walk)
+        return _own_name_row(path, os.path.join(os.path.dirname(path), own.group(1)), walk)
     if name + _marker.SUFFIX in names and not single:
         return None  # the marker's row speaks for this lock (a native kind on a shared filesystem takes both)
     if name == TORCH_BATON_NAME and (_torch_guard(names) or part == ""):
@@ -362,7 +362,7 @@ def _break_turn_row(path: str, walk: Walk) -> Row | None:
                record=seen.record, owner=seen.owner, seen=seen if state == DEAD else None)
 
 
-def _own_name_row(path: str, marker: str, names: set[str], walk: Walk) -> Row | None:
+def _own_name_row(path: str, marker: str, walk: Walk) -> Row | None:
     """``<lock>.held.<crc>``: a taker's record under its own name, before (or while) it is linked to the marker."""
     lock = marker[:-len(_marker.SUFFIX)]
     seen = _read(path, walk)
