@@ -428,8 +428,10 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
             break
     users = {user_name(uid): count for uid, count in sorted(owners.items(), key=lambda item: -item[1])}
     shared = team is not None or len(owners) > 1 or bool(top.st_mode & st_.S_IWGRP)
-    if team is None and gid == _private_gid(top.st_uid, pwd):
-        group = "<your-team-group>"  # the owner's private group: name the team's group instead
+    not_candidate = None
+    if shared:
+        gid, not_candidate = _team_candidate(top, owners, gid, team is not None, pwd)
+        group = group_name(gid) if gid is not None else "<your-team-group>"
     counts = {name: len(found) for name, found in problems.items()}
     if team is None:
         # Nothing is the group's by rule here: the problems only count once people share the directory.
@@ -449,9 +451,60 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
         "examples": {name: [{"path": p, "owner": user_name(uid), "mode": f"{mode:o}"}
                             for p, uid, mode in found[:TEAM_EXAMPLES]]
                      for name, found in problems.items() if found and counts[name]},
-        "fix": _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None, team is not None,
-                         shared),
+        "candidate": not_candidate is None,
+        "not_candidate": not_candidate,
+        "fix": [] if not_candidate else _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None,
+                                                  team is not None, shared),
     }
+
+
+def _team_candidate(top: os.stat_result, owners: dict[int, int], gid: int, team: bool,
+                    pwd: Any) -> tuple[int | None, str | None]:
+    """The group a shared tree could become a team cache of, or why it is not a candidate at all.
+
+    A recursive chgrp/chmod is advice only for a tree whose entries already belong to members of
+    one group: on ``/tmp`` (sticky, world-writable, every user's files) it would make every
+    user's files writable by one group.  root's entries do not count (the administrator's).
+    """
+    import stat as st_
+
+    if top.st_mode & st_.S_ISVTX or top.st_mode & st_.S_IWOTH:
+        what = " and ".join(word for word, bit in (("sticky", st_.S_ISVTX), ("world-writable", st_.S_IWOTH))
+                            if top.st_mode & bit)
+        return None, (f"it is {what}: a directory every user of this machine writes into (like /tmp), not one "
+                      "group's")
+    people = [uid for uid in owners if uid != 0]
+    common: set[int] | None = None
+    for uid in people:
+        try:
+            entry = pwd.getpwuid(uid)
+            groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        except (KeyError, OSError):
+            groups = set()
+        common = groups if common is None else common & groups
+    if common is None:  # only root's entries
+        return (None if gid == 0 else gid), None
+    if team and gid not in common:
+        outside = [user_name(uid) for uid in people if not _member(uid, gid, pwd)]
+        return None, f"entries of users outside group {group_name(gid)} ({', '.join(outside)})"
+    if gid in common and gid != _private_gid(top.st_uid, pwd):
+        return gid, None
+    private = {_private_gid(uid, pwd) for uid in people}
+    shared_groups = sorted(common - private)
+    if len(people) == 1:
+        return (shared_groups[0] if len(shared_groups) == 1 else None), None  # one owner: name her team's group
+    if not shared_groups:
+        names = ", ".join(user_name(uid) for uid in people)
+        return None, f"entries of users who share no group ({names})"
+    return shared_groups[0] if len(shared_groups) == 1 else None, None
+
+
+def _member(uid: int, gid: int, pwd: Any) -> bool:
+    try:
+        entry = pwd.getpwuid(uid)
+        return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except (KeyError, OSError):
+        return False
 
 
 def _private_gid(uid: int, pwd: Any) -> int | None:
@@ -502,6 +555,11 @@ def team_lines(team: dict[str, Any], path: str) -> list[str]:
         head = f"a team cache of group {team['group']} ({team['reason']})"
         lines = [f"  team       : {head}; {checked}: " + (
             "every member can read, lock and add to them" if not bad else f"{bad} keep other members out")]
+    elif team["shared"] and team.get("not_candidate"):
+        return [f"  team       : NOT a team cache, and not a candidate for one: {team['not_candidate']}; {checked}. "
+                "No permission change is suggested (a recursive chgrp/chmod here would open other users' files to "
+                "one group). For a team cache, make a directory of its own: mkdir DIR; chgrp <your-team-group> DIR; "
+                "chmod 2770 DIR"]
     elif team["shared"]:
         lines = [f"  team       : NOT a team cache (neither setgid and group-writable, nor a default ACL for a "
                  f"group, nor SHAREDFS_SHARED_GROUP), yet shared: {checked}"
@@ -646,6 +704,9 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"  without it : {verdict['without_sharedfs']}")
     lines.append(f"  better     : {verdict.get('better', '')}")
     lines.append(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
+    # Where people look first: the question after "what does this filesystem do" is "who holds what".
+    lines.append(f"  held locks : `sharedfs locks {report['path']}` lists who holds each lock here (alive, dead, or "
+                 "nobody here can tell); --clear-dead removes only those whose holder is provably gone")
     if report.get("team"):
         lines.extend(team_lines(report["team"], report["path"]))
     for name, result in report["probes"].get("results", {}).items():

@@ -64,8 +64,9 @@ from typing import Any, Callable, Optional
 if __package__:
     from sharedfs.fs import oslocks
 else:  # the probe worker (``python -I -S probe.py``): no site-packages, no autoload, no package
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import oslocks  # type: ignore[no-redef]  # stdlib only, like this file
+    # sharedfs/fs/oslocks.py, beside this file's folder (sharedfs/commands/): stdlib only, like this file.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fs"))
+    import oslocks  # type: ignore[no-redef]
 
 __all__ = ["CHECKS", "SCHEMA_VERSION", "probe"]
 
