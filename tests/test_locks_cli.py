@@ -14,14 +14,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import clean_env
 
 from sharedfs.commands import locks as locks_cmd
-from sharedfs.locks import _marker
 
 HOLD = """
 import sys, time, sharedfs
@@ -291,7 +289,7 @@ def test_clear_dead_removes_exactly_the_dead_while_waiters_arrive_and_no_lock_is
         assert row is None or row["state"] != "dead" or row.get("cleared") is True, row  # no dead one left behind
     # Every waiter got its lock, one at a time per lock: never two holders.
     assert all("start" in r for r in results), results
-    for index, lock in enumerate(dead_locks):
+    for index in range(len(dead_locks)):
         spans = sorted((r["start"], r["end"]) for r in results[index * 3:index * 3 + 3])
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
     # The live holder keeps its lock: its marker is untouched and nobody else gets it.

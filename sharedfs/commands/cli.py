@@ -1,4 +1,4 @@
-"""The ``sharedfs`` command: ``status``, ``doctor``, ``locks``, ``env``, ``cleanup`` and ``demo`` (each with ``--json``)."""
+"""The ``sharedfs`` command: ``status``, ``doctor``, ``locks``, ``env``, ``cleanup``, ``demo`` (all with ``--json``)."""
 
 from __future__ import annotations
 
@@ -430,8 +430,8 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
     shared = team is not None or len(owners) > 1 or bool(top.st_mode & st_.S_IWGRP)
     not_candidate = None
     if shared:
-        gid, not_candidate = _team_candidate(top, owners, gid, team is not None, pwd)
-        group = group_name(gid) if gid is not None else "<your-team-group>"
+        candidate_gid, not_candidate = _team_candidate(top, owners, gid, team is not None, pwd)
+        group = group_name(candidate_gid) if candidate_gid is not None else "<your-team-group>"
     counts = {name: len(found) for name, found in problems.items()}
     if team is None:
         # Nothing is the group's by rule here: the problems only count once people share the directory.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharedfs.fs import oslocks
-from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
+from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.locks import _marker
 from sharedfs.model.records import HolderRecord, user_name
 from sharedfs.shardcache import META, SIBLING_SUFFIX
@@ -115,7 +115,7 @@ class Row:
                 "since": record.acquired_at, "lock_kind": record.kind}
 
     def as_json(self) -> dict[str, Any]:
-        out = {"lock": self.lock, "kind": self.kind, "state": self.state, "holder": self.holder(),
+        out: dict[str, Any] = {"lock": self.lock, "kind": self.kind, "state": self.state, "holder": self.holder(),
                "evidence": self.evidence, "file": self.file}
         if self.cleared is not None:
             out["cleared"] = self.cleared
