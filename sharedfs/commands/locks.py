@@ -201,6 +201,9 @@ class Walk:
 
 def find(paths: list[str], walk: Walk) -> Iterator[tuple[str, list[Row]]]:
     """For each PATH: (PATH, its rows).  Raises :class:`LocksError` for a path that cannot be a lock or tree."""
+    for given in paths:  # every argument checked before any walk: a typo in the last one wastes no walk
+        if not os.path.isdir(os.path.dirname(os.path.abspath(given))):
+            raise LocksError(f"{given}: no such file or directory")
     for given in paths:
         path = os.path.abspath(given)
         try:
