@@ -81,7 +81,7 @@ def documents() -> list[Path]:
 def test_every_flag_written_in_the_docs_exists(path: Path) -> None:
     """`sharedfs doctor --cross-node --timeout 60` in prose must be a real flag of that command."""
     commands = subcommands()
-    for match in re.finditer(r"sharedfs (status|doctor|env|cleanup|demo)\b([^`\n|]*)", path.read_text()):
+    for match in re.finditer(r"sharedfs (status|doctor|locks|env|cleanup|demo)\b([^`\n|]*)", path.read_text()):
         name, rest = match.group(1), match.group(2)
         known = {flag for action in commands[name]._actions for flag in action.option_strings}
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest):

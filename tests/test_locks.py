@@ -87,6 +87,9 @@ def test_waiting_for_a_live_holder_on_another_node_names_it_and_how_to_clear(tmp
         # batch scripts from whoever ran sbatch); outside one, the record names the job alone.
         assert f"pid {holder.pid} on node nodeA, Slurm job 777, held for" in message
         assert f"rm -f {tmp_path}/s.lock.held" in message
+        # ... and the command that tells a live holder from a dead one before anything is removed.
+        assert f"sharedfs locks --clear-dead {tmp_path}/s.lock" in message
+        assert f"sharedfs locks {tmp_path}/s.lock" in message
         assert "within 0.3 s" in message and "SHAREDFS_WAIT_TIMEOUT" in message
     finally:
         holder.kill()

@@ -1,4 +1,4 @@
-"""The ``sharedfs`` command: ``status``, ``doctor``, ``env``, ``cleanup`` and ``demo`` (each with ``--json``)."""
+"""The ``sharedfs`` command: ``status``, ``doctor``, ``locks``, ``env``, ``cleanup``, ``demo`` (all with ``--json``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ examples:
   sharedfs doctor /lustre/proj/cache      what this path's filesystem and locks do, and what would make them better
   srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node /lustre/proj/cache
                                           check from two nodes whether locks really exclude across nodes
+  sharedfs locks /lustre/proj/cache       who holds each lock there (alive, dead, or nobody here can tell)
+  sharedfs locks --clear-dead /lustre/proj/cache
+                                          remove exactly the locks whose holder is provably gone
   eval "$(sharedfs env)"                  in a batch script whose Python runs without site (python -S)
   sharedfs cleanup --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID"
                                           in a Slurm epilog: remove the job's node-local caches
@@ -76,6 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="probe PATH between nodes: run as one task per node (srun -N 2 --ntasks-per-node=1)")
     doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="--cross-node: seconds to wait for the other nodes (default 30)")
+
+    locks = _command(
+        sub, "locks", cmd_locks,
+        help="which locks exist under a path, who holds each, whether that holder is alive, dead or unknown",
+        description="Walk each PATH (a cache directory, or one lock file) and list every lock sharedfs and the "
+                    "frameworks use there: the holder (user, node, pid, Slurm job and step, since when) and its "
+                    "state: held, dead (provably gone: this node's own evidence, or Slurm says the job or step "
+                    "ended), unknown (nobody here can tell: another node and no scheduler to ask), or free. "
+                    "Exit status: 0 nothing held, 1 something held or unknown, 2 an error.")
+    locks.add_argument("paths", nargs="+", metavar="PATH",
+                       help="cache directories to walk, or lock files (the path a wait message names)")
+    _json_flag(locks, JSON_HELP + ": a list of objects with lock, kind, state, holder, evidence")
+    locks.add_argument("--clear-dead", action="store_true",
+                       help="remove the locks whose state is dead, by the lock's own breaking protocol (a holder "
+                            "that takes the lock meanwhile keeps it); unknown ones are never removed")
+    locks.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                       help="only locks held (or left) for at least SECONDS")
+    locks.add_argument("--user", default=None, metavar="NAME", help="only locks of this user (name or uid)")
 
     env = _command(
         sub, "env", cmd_env,
@@ -407,8 +428,10 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
             break
     users = {user_name(uid): count for uid, count in sorted(owners.items(), key=lambda item: -item[1])}
     shared = team is not None or len(owners) > 1 or bool(top.st_mode & st_.S_IWGRP)
-    if team is None and gid == _private_gid(top.st_uid, pwd):
-        group = "<your-team-group>"  # the owner's private group: name the team's group instead
+    not_candidate = None
+    if shared:
+        candidate_gid, not_candidate = _team_candidate(top, owners, gid, team is not None, pwd)
+        group = group_name(candidate_gid) if candidate_gid is not None else "<your-team-group>"
     counts = {name: len(found) for name, found in problems.items()}
     if team is None:
         # Nothing is the group's by rule here: the problems only count once people share the directory.
@@ -428,9 +451,60 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
         "examples": {name: [{"path": p, "owner": user_name(uid), "mode": f"{mode:o}"}
                             for p, uid, mode in found[:TEAM_EXAMPLES]]
                      for name, found in problems.items() if found and counts[name]},
-        "fix": _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None, team is not None,
-                         shared),
+        "candidate": not_candidate is None,
+        "not_candidate": not_candidate,
+        "fix": [] if not_candidate else _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None,
+                                                  team is not None, shared),
     }
+
+
+def _team_candidate(top: os.stat_result, owners: dict[int, int], gid: int, team: bool,
+                    pwd: Any) -> tuple[int | None, str | None]:
+    """The group a shared tree could become a team cache of, or why it is not a candidate at all.
+
+    A recursive chgrp/chmod is advice only for a tree whose entries already belong to members of
+    one group: on ``/tmp`` (sticky, world-writable, every user's files) it would make every
+    user's files writable by one group.  root's entries do not count (the administrator's).
+    """
+    import stat as st_
+
+    if top.st_mode & st_.S_ISVTX or top.st_mode & st_.S_IWOTH:
+        what = " and ".join(word for word, bit in (("sticky", st_.S_ISVTX), ("world-writable", st_.S_IWOTH))
+                            if top.st_mode & bit)
+        return None, (f"it is {what}: a directory every user of this machine writes into (like /tmp), not one "
+                      "group's")
+    people = [uid for uid in owners if uid != 0]
+    common: set[int] | None = None
+    for uid in people:
+        try:
+            entry = pwd.getpwuid(uid)
+            groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        except (KeyError, OSError):
+            groups = set()
+        common = groups if common is None else common & groups
+    if common is None:  # only root's entries
+        return (None if gid == 0 else gid), None
+    if team and gid not in common:
+        outside = [user_name(uid) for uid in people if not _member(uid, gid, pwd)]
+        return None, f"entries of users outside group {group_name(gid)} ({', '.join(outside)})"
+    if gid in common and gid != _private_gid(top.st_uid, pwd):
+        return gid, None
+    private = {_private_gid(uid, pwd) for uid in people}
+    shared_groups = sorted(common - private)
+    if len(people) == 1:
+        return (shared_groups[0] if len(shared_groups) == 1 else None), None  # one owner: name her team's group
+    if not shared_groups:
+        names = ", ".join(user_name(uid) for uid in people)
+        return None, f"entries of users who share no group ({names})"
+    return shared_groups[0] if len(shared_groups) == 1 else None, None
+
+
+def _member(uid: int, gid: int, pwd: Any) -> bool:
+    try:
+        entry = pwd.getpwuid(uid)
+        return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except (KeyError, OSError):
+        return False
 
 
 def _private_gid(uid: int, pwd: Any) -> int | None:
@@ -481,6 +555,11 @@ def team_lines(team: dict[str, Any], path: str) -> list[str]:
         head = f"a team cache of group {team['group']} ({team['reason']})"
         lines = [f"  team       : {head}; {checked}: " + (
             "every member can read, lock and add to them" if not bad else f"{bad} keep other members out")]
+    elif team["shared"] and team.get("not_candidate"):
+        return [f"  team       : NOT a team cache, and not a candidate for one: {team['not_candidate']}; {checked}. "
+                "No permission change is suggested (a recursive chgrp/chmod here would open other users' files to "
+                "one group). For a team cache, make a directory of its own: mkdir DIR; chgrp <your-team-group> DIR; "
+                "chmod 2770 DIR"]
     elif team["shared"]:
         lines = [f"  team       : NOT a team cache (neither setgid and group-writable, nor a default ACL for a "
                  f"group, nor SHAREDFS_SHARED_GROUP), yet shared: {checked}"
@@ -625,6 +704,9 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"  without it : {verdict['without_sharedfs']}")
     lines.append(f"  better     : {verdict.get('better', '')}")
     lines.append(f"  cache      : {report['cache']['mode']} ({report['cache']['source']})")
+    # Where people look first: the question after "what does this filesystem do" is "who holds what".
+    lines.append(f"  held locks : `sharedfs locks {report['path']}` lists who holds each lock here (alive, dead, or "
+                 "nobody here can tell); --clear-dead removes only those whose holder is provably gone")
     if report.get("team"):
         lines.extend(team_lines(report["team"], report["path"]))
     for name, result in report["probes"].get("results", {}).items():
@@ -671,6 +753,16 @@ def cmd_doctor_cross_node(args: argparse.Namespace) -> int:
     # One compact line per task: srun merges every task's output into one stream.
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report), flush=True)
     return 0
+
+
+# -- locks --------------------------------------------------------------------------------------
+
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    from sharedfs.commands.locks import main as locks_main
+
+    return locks_main(args.paths, as_json=args.json, clear_dead=args.clear_dead, older_than=args.older_than,
+                      user=args.user)
 
 
 # -- cleanup ------------------------------------------------------------------------------------

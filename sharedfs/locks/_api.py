@@ -374,7 +374,8 @@ def _shared(state: _State) -> bool:
 def _holder_text(state: _State) -> str:
     seen = _marker.read(state.target.marker)
     if seen is not None and seen.record is not None:
-        return f"held by {seen.record.describe()}"
+        # The command that answers "is it alive, and may it go?" with the lock's own evidence.
+        return f"held by {seen.record.describe()} (see: sharedfs locks {state.target.lock_file})"
     if state.target.choice.kind in ("flock", "posix"):
         return f"held by a live process (find it with `fuser -v {state.target.lock_file}` on each node)"
     return "held by a holder that left no record"
@@ -390,13 +391,16 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
     if record is not None:
         holder = record.describe()
         hint = (_scheduler_note(record, target.policy) +
-                f"If that process is gone (a killed or finished job), clear the lock with: rm -f {target.marker}")
+                f"Whether it is gone, and why: sharedfs locks {target.lock_file} (run it on node {record.node} "
+                f"to decide for a holder there); `sharedfs locks --clear-dead {target.lock_file}` removes it only "
+                f"if its holder is provably gone. A plain rm -f {target.marker} breaks it even for a live holder.")
     elif target.choice.kind in ("flock", "posix"):
         holder = "a live process (the kernel drops the flock/POSIX locks of dead ones)"
         hint = f"Find it with `fuser -v {target.lock_file}` on each node."
     elif seen is not None:
         holder = "a marker without a readable holder record"
-        hint = f"If nobody uses the lock, clear it with: rm -f {target.marker}"
+        hint = (f"See what it is: sharedfs locks {target.lock_file}. If nobody uses the lock, clear it with: "
+                f"rm -f {target.marker}")
     else:
         holder = "a holder that released it just now"
         hint = ""

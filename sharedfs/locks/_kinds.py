@@ -166,14 +166,15 @@ def _break_if_dead(target: Target, native_held: bool,
         return True
     if not seen.readable:
         _say_once(target.marker, "%s is not a lock marker sharedfs wrote (a symlink, FIFO, directory or oversized "
-                  "file): the lock counts as held. Remove it if nobody uses the lock: rm -f %s",
-                  target.marker, target.marker)
+                  "file): the lock counts as held (see: sharedfs locks %s). Remove it if nobody uses the lock: "
+                  "rm -f %s", target.marker, target.lock_file, target.marker)
         return False
     record = seen.record
     if record is None:
         if seen.data:
-            _say_once(target.marker, "%s holds no holder record sharedfs can read: the lock counts as held. "
-                      "Remove it if nobody uses the lock: rm -f %s", target.marker, target.marker)
+            _say_once(target.marker, "%s holds no holder record sharedfs can read: the lock counts as held (see: "
+                      "sharedfs locks %s). Remove it if nobody uses the lock: rm -f %s", target.marker,
+                      target.lock_file, target.marker)
             return False
         dead = target.watch.unchanged_for(seen) >= _marker.EMPTY_GRACE
     elif native_held and record.kind in ("flock", "posix"):
@@ -189,9 +190,10 @@ def _break_if_dead(target: Target, native_held: bool,
     except _marker.NotAllowed:
         _say_once(target.marker + ":owner",
                   "%s was left by %s, whose process is gone (%s), but %s does not let you remove another user's "
-                  "file (a sticky or read-only directory). Ask them or an administrator to run: rm -f %s",
+                  "file (a sticky or read-only directory). Ask them or an administrator to run: rm -f %s "
+                  "(or `sharedfs locks --clear-dead %s`, which checks the holder is gone first)",
                   target.marker, _user(seen.owner), record.describe() if record else "it never wrote its record",
-                  os.path.dirname(target.marker), target.marker)
+                  os.path.dirname(target.marker), target.marker, target.lock_file)
         return False
     if broken:
         from sharedfs.machinery.log import decision
