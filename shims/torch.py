@@ -89,7 +89,9 @@ from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.cluster import workers
-from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
+from sharedfs.fs.recordfile import create_record, discard_if_same, unlink_if_same
+from sharedfs.fs.recordfile import identity as _identity
+from sharedfs.fs.safefile import read_untrusted
 from sharedfs.machinery.log import decision
 from sharedfs.types import HolderRecord, Policy, Shim, ShimContext, hookimpl
 
@@ -244,7 +246,7 @@ class SharedFSBaton:
     def release(self) -> None:
         try:
             if self._held is not None:
-                _unlink_if_same(self.lock_file_path, self._held)
+                unlink_if_same(self.lock_file_path, self._held)
                 self._held = None
         finally:
             self._guard.release()
@@ -351,10 +353,9 @@ def _create_with(path: str, data: bytes) -> tuple[int, int] | None:
     file is created ``O_EXCL`` and written at once.
     """
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = create_exclusive(temp, 0o666)
+    fd = create_record(temp, data, 0o666)
+    held = _identity(fd)
     try:
-        write_all(fd, data)
-        st = os.fstat(fd)
         try:
             os.link(temp, path)
         except FileExistsError:
@@ -364,49 +365,27 @@ def _create_with(path: str, data: bytes) -> tuple[int, int] | None:
             if exc.errno not in _NO_LINKS:
                 raise
             return _create_unlinked(path, data)
-        return st.st_dev, st.st_ino
+        return held
     finally:
+        discard_if_same(temp, held)
         os.close(fd)
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
 
 
 def _create_unlinked(path: str, data: bytes) -> tuple[int, int] | None:
     try:
-        fd = create_exclusive(path, 0o666)
+        fd = create_record(path, data, 0o666)
     except FileExistsError:
         return None
     try:
-        write_all(fd, data)
-        st = os.fstat(fd)
-        return st.st_dev, st.st_ino
+        return _identity(fd)
     finally:
         os.close(fd)
-
-
-def _unlink_if_same(path: str, identity: tuple[int, int]) -> None:
-    """Remove ``path`` only while it is still the file ``identity`` names (never someone else's new baton)."""
-    try:
-        st = os.lstat(path)
-        if (st.st_dev, st.st_ino) == identity:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _record_file(path: str, data: bytes) -> str:
     """A complete file holding ``data`` beside ``path`` (a name of sharedfs's own, never one torch polls)."""
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = create_exclusive(temp, 0o666)
-    try:
-        write_all(fd, data)
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(temp)
-        raise
-    os.close(fd)
+    os.close(create_record(temp, data, 0o666))
     return temp
 
 
@@ -460,10 +439,6 @@ def _exchange(first: str, second: str) -> bool:
     if code in _NO_EXCHANGE:
         return False
     raise OSError(code, os.strerror(code), first, None, second)
-
-
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
 
 
 def replace_foreign(path: str, expected: tuple[int, int], source: str) -> bool:
@@ -582,7 +557,7 @@ class StockLockFile:
                 os.close(fd)
         if self._held is not None:
             held, self._held = self._held, None
-            _unlink_if_same(self.path, held)  # frees it; then the second name goes
+            unlink_if_same(self.path, held)  # frees it; then the second name goes
         if self._twin is not None:
             twin, self._twin = self._twin, None
             _unlink_quietly(twin)
@@ -691,14 +666,7 @@ class StockLockFile:
 
     def _new_twin(self) -> str:
         twin = f"{self.path}.{uuid.uuid4().hex}.sharedfs"
-        fd = create_exclusive(twin, 0o666)
-        try:
-            write_all(fd, _stock_record())
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(twin)
-            raise
-        os.close(fd)
+        os.close(create_record(twin, _stock_record(), 0o666))
         return twin
 
 

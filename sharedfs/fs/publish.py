@@ -3,26 +3,26 @@
 Readers on other nodes (a resumed job, another rank, another user) may open a
 file the moment its name exists.  Writing it in place lets them read half of it;
 a temp name of ``.temp{pid}`` collides across nodes whose processes share a pid
-(webdataset's ``download``).  Every file sharedfs publishes is written to a unique
-temp file beside its final name (``mkstemp``: ``O_EXCL|O_NOFOLLOW``, never a
-planted name), flushed and fsynced, given the permissions a plain ``open`` would
-have given it (the umask's), and renamed over the final name; the directory is
-fsynced so the rename survives a crash.
+(webdataset's ``download``).  Every file sharedfs publishes is written to a temp
+file of its own beside its final name (``.<name>.<pid>.<random><suffix>``, created
+``O_EXCL|O_NOFOLLOW`` like every record file: :mod:`sharedfs.fs.recordfile`), flushed
+and fsynced, and renamed over the final name -- only while the temp name still is
+that file: in a directory others can write, a neighbour may have swapped it -- and
+the directory is fsynced so the rename survives a crash.  The file gets the
+permissions a plain ``open`` would have given it (the umask, or the directory's
+default ACL), or exactly ``perm``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from typing import IO, Any
 
-__all__ = ["Publication", "fsync_dir", "publish"]
+from sharedfs.fs.recordfile import discard_if_same, identity, same_file
+from sharedfs.fs.safefile import create_exclusive
 
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+__all__ = ["Publication", "Replaced", "fsync_dir", "publish"]
 
 
 def fsync_dir(directory: str) -> None:
@@ -39,23 +39,38 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+class Replaced(PermissionError):
+    """The temp name no longer names the file written for the publication: someone who may write
+    the directory swapped it, so nothing was published."""
+
+
 class Publication:
     """A file being written for ``path``: ``write`` to it, then :meth:`commit` (or leave a ``with`` block).
 
     :meth:`close` commits, so code that writes a file with ``open``/``write``/``close``
     publishes it by the same calls.  An exception inside a ``with`` block, or :meth:`abort`,
     removes the temp file and leaves ``path`` as it was.  The temp name starts with a dot,
-    so framework globs (``iter_*.pth``, ``*.tar``) never see it.
+    so framework globs (``iter_*.pth``, ``*.tar``) never see it; ``suffix`` ends it.
+    Whoever writes the temp file by name instead of through :attr:`file` (a downloader
+    given a path) must be done before :meth:`commit`.
     """
 
     def __init__(self, path: str | os.PathLike[str], mode: str = "wb", encoding: str | None = None, *,
-                 perm: int | None = None, durable: bool = True) -> None:
+                 perm: int | None = None, durable: bool = True, suffix: str = ".tmp") -> None:
         self.path = os.path.abspath(os.fspath(path))
-        self._perm = (0o666 & ~_umask()) if perm is None else perm
+        self._perm = perm
         self._durable = durable
         directory, base = os.path.split(self.path)
-        fd, self.temp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-        self.file: IO[Any] = os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
+        self.temp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(6)}{suffix}")
+        # 0o666 is what a plain open() asks for; an exact perm is set at commit, private until then.
+        fd = create_exclusive(self.temp, 0o666 if perm is None else 0o600)
+        self._held = identity(fd)
+        try:
+            self.file: IO[Any] = os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
+        except BaseException:
+            discard_if_same(self.temp, self._held)
+            os.close(fd)
+            raise
 
     def write(self, data: Any) -> int:
         return self.file.write(data)
@@ -65,11 +80,17 @@ class Publication:
             return
         try:
             self.file.flush()
+            fd = self.file.fileno()
             if self._durable:
-                os.fsync(self.file.fileno())
-            self.file.close()
-            os.chmod(self.temp, self._perm)
+                os.fsync(fd)
+            if self._perm is not None:
+                os.fchmod(fd, self._perm)
+            # Checked with the file still open, so its inode number cannot have been reused meanwhile.
+            if not same_file(self.temp, fd):
+                raise Replaced(f"{self.temp} was replaced while it was written; someone with write access to "
+                               f"{os.path.dirname(self.path)} is interfering")
             os.replace(self.temp, self.path)
+            self.file.close()
         except BaseException:
             self.abort()
             raise
@@ -79,11 +100,9 @@ class Publication:
     close = commit
 
     def abort(self) -> None:
+        if not self.file.closed:  # closed: committed, or aborted already
+            discard_if_same(self.temp, self._held)
         self.file.close()
-        try:
-            os.unlink(self.temp)
-        except FileNotFoundError:
-            pass
 
     def __enter__(self) -> Publication:
         return self

@@ -37,7 +37,8 @@ import time
 import weakref
 from typing import Callable
 
-from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
+from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.records import HolderRecord
 from sharedfs.model.structs import frozen
 
@@ -101,14 +102,7 @@ def create(path: str, record: HolderRecord, mode: int) -> int:
         fd = _create_linked(path, data, mode, directory)
         if fd is not None:
             return fd
-    fd = create_exclusive(path, mode)
-    try:
-        write_all(fd, data)
-    except BaseException:
-        _unlink_if_same(path, os.fstat(fd))
-        os.close(fd)
-        raise
-    return fd
+    return create_record(path, data, mode)
 
 
 #: Directories whose filesystem refused a hard link: markers there are created O_EXCL and then written.
@@ -125,11 +119,10 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
     """The marker made by link(2); ``None`` when this filesystem has no hard links."""
     temp = own_name(path, data)
     try:
-        fd = create_exclusive(temp, mode)
+        fd = create_record(temp, data, mode)
     except FileExistsError:
         raise FileExistsError(errno.EEXIST, "another taker's record file has this name", temp) from None
     try:
-        write_all(fd, data)
         try:
             os.link(temp, path, follow_symlinks=False)
             failed: OSError | None = None
@@ -237,13 +230,8 @@ def _clear_dead_breaker(turn: str, dead: Callable[[HolderRecord], bool | None]) 
 
 
 def _unlink_if_same(path: str, st: os.stat_result) -> None:
-    """Unlink ``path`` only while it is still the file ``st`` describes (never a successor's)."""
-    try:
-        now = os.lstat(path)
-        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-            os.unlink(path)
-    except OSError:
-        pass
+    """Unlink ``path`` only while it is still the file ``st`` describes (never a successor's); never raises."""
+    discard_if_same(path, identity(st))
 
 
 class Watch:

@@ -109,7 +109,7 @@ CHURN = textwrap.dedent("""
     import json, os, sys
     import sharedfs.shardcache as shardcache
     if os.environ.get("T_STRIPES"):
-        shardcache.STRIPES = int(os.environ["T_STRIPES"])  # a small bound, to see it hold with a few shards
+        shardcache.tree.STRIPES = int(os.environ["T_STRIPES"])  # a small bound, to see it hold with a few shards
     import webdataset.cache as cache
     urls, size = json.loads(sys.argv[2]), int(sys.argv[3])
     fc = cache.FileCache(cache_dir=sys.argv[1], cache_size=size, cache_cleanup_interval=0)

@@ -1,0 +1,211 @@
+"""The records in a cache's coordination tree: download claims and in-use markers.
+
+A download claim (``claims/<key>``) says a shard is being downloaded or was published;
+an in-use marker (``inuse/<key>.<pid>.<rand>``) says a reader has the shard open or is
+opening it.  Both are :class:`~sharedfs.model.records.HolderRecord` files, created
+``O_EXCL`` and changed only through the descriptor that created them
+(:mod:`sharedfs.fs.recordfile`), readable by every user of the cache.  :func:`_alive`
+decides whether the writer of one may still be using its shard: the one place that
+rule lives.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from sharedfs.cluster import teamfiles
+from sharedfs.errors import WaitTimeout
+from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+from sharedfs.fs.safefile import read_untrusted
+from sharedfs.model.records import HolderRecord
+from sharedfs.shardcache.tree import LAG_BOUND, _current, _tree, _unlink, forget, key, layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self
+
+    from sharedfs.model.policy import Policy, TeamCache
+
+#: In-use markers of processes whose liveness nobody can tell (another node, no scheduler
+#: plugin) count as alive for this long.
+STALE_AFTER = 6 * 3600.0
+#: A marker or claim that cannot be read as a record counts as alive this long after it last changed:
+#: long enough for a writer on a lagging filesystem to finish, short enough that ENOSPC, a killed
+#: writer or a planted file cannot pin a shard forever.
+GARBLED_GRACE = LAG_BOUND
+#: Records are readable by everyone who can see the cache, whatever the umask: an evictor that
+#: cannot read a live reader's marker would take it for garbage once GARBLED_GRACE ran out.
+RECORD_MODE = 0o644
+#: errnos of a full filesystem or an exhausted quota.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _tag() -> str:
+    return f"{os.getpid()}.{secrets.token_hex(6)}"
+
+
+def _space_error(exc: OSError, what: str, path: str, cache: str) -> OSError:
+    # OSError appends ``path`` (the file that could not be written) to the message.
+    return OSError(exc.errno, f"{os.strerror(exc.errno or 0)}: sharedfs could not write {what}, so it was removed "
+                              f"again; free space (or quota) on the filesystem of {cache} and retry (sharedfs "
+                              "writes a few hundred bytes for each shard being read or downloaded)", path)
+
+
+def _create_record(path: str, record: HolderRecord, what: str, cache: str, team: TeamCache | None = None) -> int:
+    """Create ``path`` (O_EXCL, no symlink followed) holding ``record``; returns its open descriptor.
+
+    A record that cannot be written completely is removed at once: an empty marker would
+    otherwise keep its shard for GARBLED_GRACE, and say nothing about why.  In a team
+    cache it is the group's (g+rw, the team's group).
+    """
+
+    def readable_by_all(fd: int) -> None:
+        os.fchmod(fd, RECORD_MODE)  # ignore a restrictive umask: evictors of other users must read it
+        if team is not None:
+            teamfiles.give_fd(fd, team)
+
+    try:
+        return create_record(path, record.to_bytes(), RECORD_MODE, prepare=readable_by_all)
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise _space_error(exc, what, path, cache) from exc
+        raise
+
+
+def _read_record(path: str) -> tuple[HolderRecord | None, float]:
+    """The record at ``path`` (``None`` if it is not one we could have written) and when it last changed.
+
+    Raises FileNotFoundError when ``path`` is gone.
+    """
+    got = read_untrusted(path)
+    if got is not None:
+        data, st = got
+        return HolderRecord.parse(data), st.st_mtime
+    return None, os.lstat(path).st_mtime  # a symlink, a FIFO, oversized or unreadable: its own age
+
+
+def _alive(path: str, policy: Policy, *, now: float | None = None) -> bool:
+    """Whether the process that wrote the record ``path`` may still be using its shard."""
+    now = time.time() if now is None else now
+    try:
+        record, changed = _read_record(path)
+    except FileNotFoundError:
+        return False  # released while we looked
+    if record is None:
+        # Half-written or not visible yet, or garbled for good (ENOSPC, a killed writer, a
+        # planted file): keep the shard for a bounded time only.
+        return now - changed < GARBLED_GRACE
+    from sharedfs.machinery.runtime import registry
+
+    verdict = registry().holder_alive(record, policy)
+    if verdict is not None:
+        return verdict
+    return now - record.acquired_at < STALE_AFTER
+
+
+# -- in-use markers ---------------------------------------------------------------------------------
+
+
+class InUse:
+    """An in-use marker: while it exists, no sharedfs evictor deletes ``dest``."""
+
+    def __init__(self, dest: str, policy: Policy | None = None) -> None:
+        self.dest = dest
+        self.path = ""
+        current = _current(policy)
+        record = HolderRecord.mine(current.node_id, "inuse")
+        cache_dir = os.path.dirname(os.path.abspath(dest))
+        name = f"{key(os.path.basename(dest))}.{_tag()}"
+        for attempt in range(2):
+            lay, directory = _tree(cache_dir, "inuse", current)
+            path = os.path.join(directory, name)
+            try:
+                os.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache, lay.team))
+            except FileNotFoundError:
+                if attempt:
+                    raise
+                forget(cache_dir)  # removed between our look and our create: once more
+                continue
+            self.path = path
+            return
+
+    def release(self) -> None:
+        if self.path:
+            _unlink(self.path)
+            self.path = ""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def readers(dest: str, policy: Policy | None = None) -> list[str]:
+    """In-use markers of live readers of ``dest`` (dead ones are removed on the way)."""
+    current = _current(policy)
+    lay = layout(os.path.dirname(os.path.abspath(dest)), current)
+    directory = lay.part("inuse")
+    prefix = key(os.path.basename(dest)) + "."
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return []
+    live = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if _alive(path, current):
+            live.append(path)
+        else:
+            _unlink(path)
+    return live
+
+
+class _Claim:
+    """The claim of one download: created O_EXCL, changed only through the descriptor that created it.
+
+    A group member can rename the claim away or put a symlink in its place meanwhile;
+    writing through the descriptor then changes our own (now nameless) file, never theirs.
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd: int | None = fd
+
+    @classmethod
+    def take(cls, path: str, record: HolderRecord, cache: str, team: TeamCache | None = None) -> _Claim:
+        """Raises FileExistsError when someone else claimed it first."""
+        return cls(path, _create_record(path, record, f"the download claim {os.path.basename(path)}", cache, team))
+
+    def publish(self, record: HolderRecord) -> None:
+        assert self.fd is not None
+        data = record.to_bytes()
+        # Overwrite, then cut: no moment without allocated blocks, so a full disk cannot fail it halfway.
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
+        os.fsync(self.fd)  # the claim promises a shard: the promise must not outlive a crash half-written
+        os.close(self.fd)
+        self.fd = None
+
+    def abandon(self) -> None:
+        if self.fd is not None:
+            discard_if_same(self.path, identity(self.fd))
+            os.close(self.fd)
+            self.fd = None
+
+
+def _claim_state(claim: str) -> HolderRecord | None:
+    """The claim's record, once visible here; None if it vanished, never shows, or is not a claim."""
+    from sharedfs.cluster.dirs import wait_for
+
+    try:
+        wait_for(claim, timeout=LAG_BOUND, what=f"download record {claim}")
+        record, _ = _read_record(claim)
+    except (WaitTimeout, OSError):
+        return None
+    if record is None or record.kind not in ("downloading", "published"):
+        return None
+    return record

@@ -1,0 +1,167 @@
+"""One download into the cache: a directory private to it, then into the cache by rename.
+
+The framework's downloader writes the shard by path into ``tmp/<key>.<rand>/``, a
+directory only this process can write (:class:`_PrivateDir`); it is fsynced there and
+renamed into the cache, or -- across a quota realm, where the rename fails with EXDEV
+-- copied in through a :class:`~sharedfs.fs.publish.Publication`, as is every file
+:func:`download_atomic` writes for callers without the per-shard protocol.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable
+
+from sharedfs.cluster import teamfiles
+from sharedfs.errors import UnsafeDirectoryError
+from sharedfs.fs.publish import Publication, Replaced, fsync_dir
+from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.shardcache.tree import Layout, _current
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sharedfs.model.policy import Policy, TeamCache
+
+Download = Callable[[str], None]
+"""Writes the complete shard to the path it is given (in a private temp directory)."""
+
+
+class _PrivateDir:
+    """A directory only this process can write, for one download: ``tmp/<key>.<rand>``, mode 0700.
+
+    The framework's downloader writes by *path* (``open(path, "wb")``, ``curl -o path``):
+    in a group-writable directory a member could replace the file with a symlink to one of
+    ours between our checks and its open.  Here nobody else can create an entry, and the
+    path given out goes through our descriptor of the directory, which nobody can swap.
+    """
+
+    def __init__(self, tmp_dir: str, shard_key: str) -> None:
+        self.path = tempfile.mkdtemp(prefix=shard_key + ".", dir=tmp_dir)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        st = os.fstat(self.fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(self.fd)
+            raise UnsafeDirectoryError(f"{self.path} was replaced right after this process created it "
+                                       f"(now owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); "
+                                       "someone with write access to the cache is interfering")
+
+    def file(self, name: str) -> str:
+        proc = f"/proc/{os.getpid()}/fd/{self.fd}"
+        return os.path.join(proc if os.path.isdir(proc) else self.path, name)
+
+    def fsync(self, name: str) -> None:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=self.fd)
+        try:
+            os.fsync(fd)  # data on disk before the name points at it
+        finally:
+            os.close(fd)
+
+    def remove(self) -> None:
+        os.close(self.fd)
+        shutil.rmtree(self.path, ignore_errors=True)  # rmtree never follows symlinks
+
+
+_copied: set[str] = set()
+
+
+def _publish(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
+    """Rename the finished download to ``dest``; across quota realms (EXDEV) copy it in first.
+
+    In a team cache the shard is the group's first, through a descriptor in the private
+    directory (nobody else can swap it there): the downloader made it with its umask.
+    """
+    if team is not None:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=private.fd)
+        try:
+            teamfiles.give_fd(fd, team)
+        finally:
+            os.close(fd)
+    try:
+        os.rename(name, dest, src_dir_fd=private.fd)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        # Same mount, yet "cross-device": CephFS quota realms, XFS/Lustre project quotas.
+        _copy_in(private, name, dest, team)  # a durable publication: fsyncs the cache directory itself
+        return
+    fsync_dir(os.path.dirname(os.path.abspath(dest)))
+
+
+def _copy_in(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
+    directory = os.path.dirname(os.path.abspath(dest))
+    if directory not in _copied:
+        _copied.add(directory)
+        from sharedfs.machinery.log import decision
+
+        decision(f"shard cache {directory}: renaming a finished download into the cache fails with EXDEV (a quota "
+                 "realm or project quota boundary), so each shard is copied in under a temporary name first",
+                 level=logging.WARNING)
+    src = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=private.fd)
+    try:
+        with _into_cache(dest, team, "sharedfs copied a shard into it") as out, \
+                open(src, "rb", closefd=False) as reader:
+            shutil.copyfileobj(reader, out.file, 1 << 20)
+    finally:
+        os.close(src)
+
+
+@contextmanager
+def _into_cache(dest: str, team: TeamCache | None, writing: str) -> Iterator[Publication]:
+    """A publication of ``dest`` in the cache directory itself, committed when the block ends.
+
+    Its temp name is hidden, like webdataset's own ``.temp`` files, and ends in ``.part``
+    (:data:`~sharedfs.shardcache.tree.NOT_SHARDS`): eviction never takes it for a shard.  Its
+    mode is what the framework's own ``open()`` would give the shard.  In a team cache the
+    file is the group's before it gets its name.  ``writing`` says what filled it, for the
+    error when someone swapped it meanwhile.
+    """
+    with Publication(dest, "wb", suffix=".part") as out:
+        yield out
+        if team is not None:
+            teamfiles.give_fd(out.file.fileno(), team)
+        try:
+            out.commit()
+        except Replaced:
+            raise UnsafeDirectoryError(f"{out.temp} was replaced while {writing}") from None
+
+
+def _remove_downloads(lay: Layout, shard_key: str) -> None:
+    """Remove this user's private download directories of ``shard_key``.  Call holding its stripe.
+
+    While the stripe is held nobody downloads a shard of it, so what is there was left by a
+    process that died.  Other users' directories are private to them (their next evictor removes them).
+    """
+    directory = lay.part("tmp")
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(shard_key + ".")]
+    except FileNotFoundError:
+        return
+    for entry in names:
+        path = os.path.join(directory, entry)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def download_atomic(dest: str, write: Download, policy: Policy | None = None) -> None:
+    """Write ``dest`` through a unique temp file, fsync and rename: never a partial ``dest``.
+
+    For callers without the per-shard protocol (webdataset's module-level ``download``).
+    The temp file is created here (O_EXCL) and ``write`` gets a path through our
+    descriptor, so a symlink planted at the temp name is never written through.  In a
+    team cache the file is the group's before it gets its name.
+    """
+    directory = os.path.dirname(os.path.abspath(dest))
+    team = teamfiles.team_of(directory, _current(policy))
+    with _into_cache(dest, team, "a download was written to it") as out:
+        proc = f"/proc/{os.getpid()}/fd/{out.file.fileno()}"
+        write(proc if os.path.exists(proc) else out.temp)

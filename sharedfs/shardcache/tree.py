@@ -1,0 +1,351 @@
+"""Where a shard cache keeps things: the shards, and the coordination tree beside them.
+
+The module docstring of :mod:`sharedfs.shardcache` draws the tree and says why it is a
+hidden sibling of the cache (``<parent>/.<cache>.sharedfs``) and when it falls back to
+``<cache>/.sharedfs``.  Here: the names (a shard's key and lock stripe), finding or
+creating the tree (atomically, with the cache's group and mode, a team's in a team
+cache), and re-creating a part of it someone removed.  Changes to where anything lives
+go here; every other module asks :func:`layout`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from typing import TYPE_CHECKING
+
+from sharedfs.cluster import teamfiles
+from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
+from sharedfs.fs.publish import fsync_dir
+from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.model.structs import frozen
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sharedfs.model.policy import Policy, TeamCache
+
+#: The fallback place of the coordination tree, inside the cache (sharedfs 0.1 always used it).
+META = ".sharedfs"
+#: The sibling of ``<parent>/<cache>`` is ``<parent>/.<cache>.sharedfs``.
+SIBLING_SUFFIX = ".sharedfs"
+SUBDIRS = ("stripes", "claims", "inuse", "tmp")
+#: Lock stripes per cache.  Part of the on-disk protocol: every process of a cache must agree.
+STRIPES = 1024
+#: A file published this long ago that is still invisible is gone, not lagging (NFS acdirmax is 60 s).
+LAG_BOUND = 60.0
+#: Files in a cache directory that are never shards (wids' and webdataset's own bookkeeping).
+NOT_SHARDS = (".lock", ".part", ".db", ".db-journal")
+
+#: What :func:`key` makes; names in the coordination tree that do not match were not made by sharedfs.
+KEY_PATTERN = r"[A-Za-z0-9_-]{0,60}-[0-9a-f]{16}"  # for re.fullmatch (compiled on first use, then cached by re)
+
+
+def key(name: str) -> str:
+    """A file-name-safe, length-bounded key for a shard's coordination files."""
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    readable = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60]
+    return f"{readable}-{digest}"
+
+
+def stripe(shard_key: str) -> str:
+    """The lock stripe of a shard key (the key's hash, so it can be computed from a claim's name)."""
+    return f"{int(shard_key.rsplit('-', 1)[-1][:8], 16) % STRIPES:03x}"
+
+
+def _current(policy: Policy | None) -> Policy:
+    if policy is not None:
+        return policy
+    from sharedfs.machinery.runtime import policy as current
+
+    return current()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# -- where the coordination tree is ---------------------------------------------------------------
+
+
+@frozen
+class Layout:
+    """Where one cache keeps its coordination files (see the module docstring)."""
+
+    cache: str  # the cache directory, symlinks resolved
+    root: str  # the coordination tree: the sibling, or <cache>/.sharedfs
+    inside: bool  # True for the fallback inside the cache
+    #: The cache is a team cache (a group shares it): what this module makes there is the group's.
+    team: TeamCache | None = None
+
+    def part(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def stripe_lock(self, shard_key: str) -> str:
+        return os.path.join(self.root, "stripes", stripe(shard_key))
+
+    def claim(self, shard_key: str) -> str:
+        return os.path.join(self.root, "claims", shard_key)
+
+
+_paths_of: dict[str, tuple[str, str, str]] = {}
+#: Layouts on the sibling, by the cache path callers use: stable, so never looked at again.
+_layouts: dict[str, Layout] = {}
+_said: set[str] = set()
+
+
+def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
+    """The coordination layout of ``cache_dir`` (created on first use, with the cache if missing).
+
+    Free once the sibling is in use; in the fallback, one ``lstat`` per call looks for a
+    sibling another process made meanwhile (see the module docstring for the rules).
+    """
+    absolute = os.path.abspath(cache_dir)
+    known = _layouts.get(absolute)
+    if known is not None:
+        return known
+    real, sibling, inside = _paths(absolute, policy)
+    team = _team_cache(real, policy)
+    for _ in range(4):  # created (or found invisible and waited for), then looked at again
+        cache_st = os.stat(real)
+        if _sibling_usable(sibling, real, cache_st):
+            return _remember(absolute, Layout(real, sibling, False, team))
+        if _is_dir(os.path.join(inside, "stripes")):
+            _say_inside(real, f"it exists there already (made by a process that could not use {sibling})")
+            return Layout(real, inside, True, team)
+        refused = _sibling_refused(real, sibling, cache_st)
+        if refused is None:
+            try:
+                _create_tree(sibling, cache_st, team)
+                continue  # look again: someone may have won the race with a tree we must not trust
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                refused = f"this process may not create {sibling} ({exc.strerror})"
+        if _create_tree(inside, cache_st, team):
+            _say_inside(real, refused)
+            return Layout(real, inside, True, team)
+    raise WaitTimeout(f"the coordination directory of {real} exists on another node but never became visible "
+                      f"here within {LAG_BOUND:g} s (looked for {sibling} and {inside})")
+
+
+def forget(cache_dir: str) -> None:
+    """Forget what is known about ``cache_dir``'s layout (after someone removed the cache or its tree)."""
+    absolute = os.path.abspath(cache_dir)
+    _layouts.pop(absolute, None)
+    _paths_of.pop(absolute, None)
+
+
+def _remember(absolute: str, lay: Layout) -> Layout:
+    if not _layouts:
+        atexit.register(_drop_orphans)
+    _layouts[absolute] = lay
+    return lay
+
+
+def _drop_orphans() -> None:
+    """At exit: remove the sibling of every cache this process used that no longer exists.
+
+    A cache in a temporary directory (``tempfile.TemporaryDirectory``, a test's tmp dir) is
+    removed with everything in it; its sibling would stay behind forever.  Nothing in it
+    means anything without the cache (no shard to claim, mark or lock), and a process that
+    makes the cache again makes a new tree (every use re-creates what is missing).
+    """
+    for lay in list(_layouts.values()):
+        if not os.path.lexists(lay.cache) and _is_dir(lay.root):
+            shutil.rmtree(lay.root, ignore_errors=True)  # never follows a symlink
+
+
+def _team_cache(real: str, policy: Policy | None) -> TeamCache | None:
+    """The cache's team, if a group shares it; the cache directory itself is given to the group if it is ours.
+
+    The framework made it (webdataset's ``FileCache``, wids' ``ShardListDataset``), with the
+    creator's umask: 2755 under 022 would keep every other member from publishing a shard.
+    """
+    team = teamfiles.team_of(real, _current(policy))
+    if team is None:
+        return None
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError:
+        return team
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid():
+            teamfiles.give_fd(fd, team, st)
+    finally:
+        os.close(fd)
+    return team
+
+
+def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str]:
+    known = _paths_of.get(absolute)
+    if known is None:
+        if not os.path.isdir(absolute):
+            from sharedfs.cluster.dirs import makedirs  # never FileExistsError on lagging storage (lingua#49)
+
+            makedirs(absolute, timeout=_current(policy).wait_timeout)
+        # Resolve symlinks: the sibling belongs beside the real directory, on its filesystem.
+        real = os.path.realpath(absolute)
+        name = os.path.basename(real) or "root"
+        sibling = os.path.join(os.path.dirname(real), f".{name}{SIBLING_SUFFIX}")
+        if len(os.path.basename(sibling)) > 240:  # NAME_MAX is 255 on every filesystem we meet
+            sibling = os.path.join(os.path.dirname(real), f".{name[:160]}-{key(name)[-16:]}{SIBLING_SUFFIX}")
+        known = _paths_of[absolute] = (real, sibling, os.path.join(real, META))
+    return known
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _sibling_usable(sibling: str, real: str, cache_st: os.stat_result) -> bool:
+    try:
+        st = os.lstat(sibling)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False  # a symlink or a file: never followed; _sibling_refused says why
+    return not _world_writable(os.path.dirname(real)) or st.st_uid == cache_st.st_uid
+
+
+def _world_writable(directory: str) -> bool:
+    try:
+        return bool(os.stat(directory).st_mode & stat.S_IWOTH)
+    except OSError:
+        return False
+
+
+def _sibling_refused(real: str, sibling: str, cache_st: os.stat_result) -> str | None:
+    """Why the sibling cannot be (created and) used, or ``None`` when this process may create it."""
+    parent = os.path.dirname(real)
+    if parent == real:
+        return "the cache is the root directory"
+    if _is_mount_point(real):
+        return (f"{real} is a mount point, so its parent {parent} is another filesystem, which other nodes "
+                "may not share")
+    try:
+        st = os.lstat(sibling)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        return f"{sibling} exists and is not a directory (a symlink is never followed); remove it"
+    if _world_writable(parent):
+        if st is not None:
+            return (f"{sibling} in {parent}, which every user may write, is owned by uid {st.st_uid}, "
+                    f"not by the cache's owner (uid {cache_st.st_uid}); remove it if nobody should have made it")
+        if os.geteuid() != cache_st.st_uid:
+            return (f"{parent} is writable by every user and this process does not own {real}, so a "
+                    "coordination directory it created there could not be told from a planted one")
+    return None
+
+
+def _is_mount_point(real: str) -> bool:
+    if os.path.ismount(real):  # another device, or the same inode as the parent
+        return True
+    from sharedfs.model.fsinfo import mount_for  # a bind mount of the same filesystem keeps st_dev
+
+    try:
+        return mount_for(real).mount_point == real
+    except OSError:
+        return False
+
+
+def _create_tree(target: str, cache_st: os.stat_result, team: TeamCache | None = None) -> bool:
+    """Create the coordination tree ``target`` atomically, with the cache's group and mode (a team's: the group's).
+
+    True when it exists (made here or by someone else, and visible); False when someone else
+    made it and it is not visible here yet (the caller looks again).  Built in a staging
+    directory and renamed into place, so nobody ever sees it half-made or with the wrong mode.
+    """
+    parent = os.path.dirname(target)
+    staging = tempfile.mkdtemp(prefix=os.path.basename(target) + ".new-", dir=parent)
+    try:
+        for sub in SUBDIRS:
+            os.mkdir(os.path.join(staging, sub), 0o700)
+        for path in (*(os.path.join(staging, sub) for sub in SUBDIRS), staging):
+            _mirror(path, cache_st, team)
+        os.rename(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        return _visible_within(target, LAG_BOUND)
+    fsync_dir(parent)
+    return True
+
+
+def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) -> None:
+    """Give the directory ``path`` (just made by us) the cache's group and permissions.
+
+    Whoever may fill the cache may coordinate.  In a team cache that is the whole group,
+    whatever mode the cache directory got from its creator's umask: the team's group,
+    g+rwx and setgid.  Through a descriptor, never by name: in a group-writable tree a
+    member could swap the new directory for a symlink to one of ours between our mkdir
+    and a chmod, which would then open up our own directory.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise UnsafeDirectoryError(f"{path} was replaced right after this process created it; "
+                                       "someone with write access to the cache is interfering")
+        try:
+            os.fchown(fd, -1, team.gid if team is not None else cache_st.st_gid)
+        except OSError:
+            pass  # not a member of that group: the directory keeps ours
+        # Never the sticky bit: evictors remove other users' stale markers and claims.
+        mode = (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700
+        os.fchmod(fd, teamfiles.group_mode(mode, True) if team is not None else mode)
+    finally:
+        os.close(fd)
+
+
+def _visible_within(path: str, timeout: float) -> bool:
+    from sharedfs.cluster.dirs import wait_for
+
+    try:
+        wait_for(path, timeout=timeout, what=f"coordination directory {path}")
+    except WaitTimeout:
+        return False
+    return True
+
+
+def _say_inside(real: str, why: str) -> None:
+    if real in _said:
+        return
+    _said.add(real)
+    from sharedfs.machinery.log import decision
+
+    decision(f"shard cache {real}: coordination files go to {os.path.join(real, META)} (visible to tools that "
+             f"list the cache) because {why}", level=logging.WARNING)
+
+
+def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, str]:
+    """``cache_dir``'s layout and its subdirectory ``name``, re-created if someone removed either."""
+    for attempt in range(2):
+        lay = layout(cache_dir, policy)
+        path = lay.part(name)
+        if _is_dir(path):
+            return lay, path
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            return lay, path
+        except FileNotFoundError:
+            if attempt:
+                raise
+            forget(cache_dir)  # the whole tree (or the cache) was removed: resolve it again
+            continue
+        _mirror(path, os.stat(lay.cache), lay.team)
+        return lay, path
+    raise AssertionError("unreachable")
