@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -160,6 +161,27 @@ def test_the_liveness_plugin_judges_a_lease_by_how_long_its_waiter_saw_it_unchan
     assert liveness.sharedfs_holder_alive(record, policy, unchanged_for=2.0) is False
     # Not watched (job cleanup, the shard cache): the lease says nothing; another node's pid cannot either.
     assert liveness.sharedfs_holder_alive(record, policy, unchanged_for=None) is None
+
+
+
+def test_a_shard_cache_record_nobody_can_vouch_for_is_gone_after_its_lifetime_but_a_lock_holder_never() -> None:
+    # The shard cache's six hours are the liveness plugin's last answer to the one hook, asked after the
+    # scheduler; a lock's holder record of the same age from another node stays "cannot tell".
+    from sharedfs.machinery.registry import Registry
+    from sharedfs.model.policy import resolve
+    from sharedfs.model.records import HolderRecord
+    from sharedfs.plugins import liveness
+
+    policy = resolve([])
+    registry = Registry(entry_points=False)
+    day_old = {"node": "elsewhere", "acquired_at": 0.0}
+    for kind in sorted(liveness.SHARD_RECORD_KINDS):
+        old = dataclasses.replace(HolderRecord.mine("elsewhere", kind), **day_old)
+        fresh = HolderRecord.mine("elsewhere", kind)
+        assert registry.holder_alive(old, policy) is False, kind
+        assert registry.holder_alive(fresh, policy) is None, kind
+    for kind in ("soft", "flock", "posix", "user"):
+        assert registry.holder_alive(dataclasses.replace(HolderRecord.mine("elsewhere", kind), **day_old), policy) is None, kind
 
 
 def test_auto_chooses_flock_on_local_disk(tmp_path: Path, fresh_runtime) -> None:

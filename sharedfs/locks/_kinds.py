@@ -190,10 +190,10 @@ def _break_if_dead(target: Target, native_held: bool,
     except _marker.NotAllowed:
         _say_once(target.marker + ":owner",
                   "%s was left by %s, whose process is gone (%s), but %s does not let you remove another user's "
-                  "file (a sticky or read-only directory). Ask them or an administrator to run: rm -f %s "
-                  "(or `sharedfs locks --clear-dead %s`, which checks the holder is gone first)",
+                  "file (a sticky or read-only directory). Ask them or an administrator to run "
+                  "`sharedfs locks --clear-dead %s` (it checks that the holder is gone first), or to run: rm -f %s",
                   target.marker, _user(seen.owner), record.describe() if record else "it never wrote its record",
-                  os.path.dirname(target.marker), target.marker, target.lock_file)
+                  os.path.dirname(target.marker), target.lock_file, target.marker)
         return False
     if broken:
         from sharedfs.machinery.log import decision

@@ -113,7 +113,7 @@ Where the code is
 :mod:`~sharedfs.shardcache.eviction`
     :func:`evict`, :func:`evictor`, :func:`try_evict` and the sweep of what dead processes left
 
-The names below are the public ones.  A tunable (``STRIPES``, ``LAG_BOUND``, ``STALE_AFTER``)
+The names below are the public ones.  A tunable (``STRIPES``, ``LAG_BOUND``)
 is read in the module that defines it, so a test changes it there, not here.
 """
 

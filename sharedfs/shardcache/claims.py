@@ -29,9 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sharedfs.model.policy import Policy, TeamCache
 
-#: In-use markers of processes whose liveness nobody can tell (another node, no scheduler
-#: plugin) count as alive for this long.
-STALE_AFTER = 6 * 3600.0
 #: A marker or claim that cannot be read as a record counts as alive this long after it last changed:
 #: long enough for a writer on a lagging filesystem to finish, short enough that ENOSPC, a killed
 #: writer or a planted file cannot pin a shard forever.
@@ -100,10 +97,9 @@ def _alive(path: str, policy: Policy, *, now: float | None = None) -> bool:
         return now - changed < GARBLED_GRACE
     from sharedfs.machinery.runtime import registry
 
-    verdict = registry().holder_alive(record, policy)
-    if verdict is not None:
-        return verdict
-    return now - record.acquired_at < STALE_AFTER
+    # The one rule for "holder gone" (plugins/liveness.py gives a record nobody can vouch for a
+    # lifetime); "cannot tell" keeps the shard.
+    return registry().holder_alive(record, policy) is not False
 
 
 # -- in-use markers ---------------------------------------------------------------------------------
