@@ -54,6 +54,7 @@ from typing import Any, Callable
 from sharedfs.cluster import teamfiles
 from sharedfs.cluster.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
+from sharedfs.fs.umask import current_umask
 from sharedfs.locks import drop_in, lock
 from sharedfs.machinery import choices
 from sharedfs.machinery.log import decision
@@ -253,9 +254,8 @@ def _map_lock_file(dataset: Any, kwargs: dict[str, Any]) -> str | None:
 
 def _umask_mode() -> int:
     """datasets' own rule for its lock files: 0o666 filtered by the umask (datasets/utils/_filelock.py)."""
-    umask = os.umask(0o666)
-    os.umask(umask)
-    return 0o666 & ~umask
+    # Read, never set: setting and restoring it would hand every other thread's files that umask meanwhile.
+    return 0o666 & ~current_umask()
 
 
 def _origin(path: str, policy: Policy) -> dict[str, Any] | None:
