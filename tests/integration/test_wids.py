@@ -127,7 +127,9 @@ def test_ulockfile_unlink_loses_exclusion_and_sharedfs_lock_does_not(tmp_path) -
                                timeout=120)
         assert_all_ok(results)
         totals[label] = int(counter.read_text())
-    assert totals["plain"] < 90, f"plain ULockFile should have let two processes in at once: {totals}"
+    # Two holders at once lose updates (a lower count) or interleave two writes of the counter (a
+    # higher one: "9" written over "10" leaves "90"): either way not 90.
+    assert totals["plain"] != 90, f"plain ULockFile should have let two processes in at once: {totals}"
     assert totals["sharedfs"] == 90, totals
 
 
