@@ -25,6 +25,15 @@ sharedfs then creates its lock files and markers there with group read/write and
 that group, whatever the creator's umask (``sharedfs.locks``), and gives the group
 what the frameworks create in their caches there (``sharedfs.cluster.teamfiles``).
 Nothing outside such a directory is widened.
+
+A directory reached through a symlink that someone other than the user (or root) may
+have made or replaced -- one in a group-writable directory, whoever owns it -- is never
+a team cache, whatever the rules above say about where it points
+(:mod:`sharedfs.fs.trustedpath`): a member who makes the cache root a symlink to one
+of your own directories (``ln -s ~alice/proj /team/hf/datasets``) must not get it
+widened for the group, nor, once such a root was refused, the place it led to under its
+real path (datasets names its lock files by it).  The framework then works there as it
+does without sharedfs.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import grp
 import os
 import stat
 
-from sharedfs.cluster.teamfiles import default_acl_group
+from sharedfs.cluster.teamfiles import default_acl_group, refused
 from sharedfs.errors import ConfigError
 from sharedfs.model.records import group_name
 from sharedfs.types import Policy, TeamCache, hookimpl
@@ -44,6 +53,8 @@ _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
 def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
+    if refused(directory):
+        return None  # wherever it points was chosen by whoever made the symlink (module docstring)
     try:
         st = os.stat(directory)
     except OSError:

@@ -56,6 +56,7 @@ the builder's output directory and the map results when the call returns).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import stat
 import struct
@@ -65,6 +66,7 @@ import time
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
+from sharedfs.fs import trustedpath
 from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.model.records import group_name
 
@@ -72,7 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy, TeamCache
 
 __all__ = ["WATCHED", "SettlingLockMixin", "default_acl_group", "give", "give_fd", "give_tree", "group_mode",
-           "settle_pending", "settling", "team_of", "watch"]
+           "refuse", "refused", "settle_pending", "settling", "team_of", "watch"]
 
 #: ``system.posix_acl_default``: a 4-byte version header, then (tag u16, perm u16, id u32) entries.
 _ACL_VERSION = 2
@@ -189,6 +191,42 @@ def team_of(directory: str, policy: Policy) -> TeamCache | None:
     return choices.team_cache(os.path.abspath(directory), policy)
 
 
+#: Real paths of roots refused because of a planted symlink: a framework that resolved the symlink itself
+#: (datasets names its lock files by the real path) must not find them the team's under another spelling.
+_refused: set[str] = set()
+
+
+def refused(directory: str) -> bool:
+    """Whether ``directory`` is reached through a planted symlink, or lies where a refused root led."""
+    if trustedpath.resolve(directory).planted is not None:
+        return True
+    probe = os.path.abspath(directory) + os.sep
+    return any(probe.startswith(real.rstrip(os.sep) + os.sep) for real in tuple(_refused))
+
+
+def refuse(spelled: str, resolved: trustedpath.Resolved, policy: Policy | None = None) -> None:
+    """Say once, as a warning, that ``spelled`` gets no team treatment because of the planted symlink on its way.
+
+    The framework then works there exactly as it does without sharedfs (it follows the
+    symlink and writes with the user's umask); sharedfs widens nothing and creates nothing
+    beside where it points.
+    """
+    planted = resolved.planted
+    assert planted is not None
+    with _watch_lock:
+        _refused.add(resolved.real)
+    group = ""
+    if policy is not None and policy.shared_group:
+        group = f" (SHAREDFS_SHARED_GROUP={policy.shared_group})"
+    from sharedfs.machinery.log import decision
+
+    decision(f"{spelled} is not treated as a team cache{group}: it is reached through the symlink {planted.link} "
+             f"-> {planted.target}, made by {planted.who()}, and {planted.why()}; sharedfs changes no permissions "
+             f"and creates nothing where it points ({resolved.real}). If that is the place you mean, give its "
+             f"real path instead; otherwise ask {planted.who()} or an administrator to remove the symlink",
+             level=logging.WARNING)
+
+
 def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> TeamCache | None:
     """Give the group what this process creates under ``root`` (a framework's cache), if it is a team cache.
 
@@ -199,9 +237,15 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> 
     absolute = os.path.abspath(os.fspath(root))
     if _answers.get(absolute) is False:
         return None
-    real = os.path.realpath(absolute)
-    team = WATCHED.get(real)
+    resolved = trustedpath.resolve(absolute)
+    real = resolved.real
+    team = WATCHED.get(real) if resolved.planted is None else None
     if team is None:
+        if resolved.planted is not None:
+            # What would be widened is wherever the symlink points, chosen by whoever made it.
+            _answers[absolute] = False
+            refuse(absolute, resolved, policy)
+            return None
         team = team_of(absolute, policy)
         with _watch_lock:
             _answers[absolute] = team is not None

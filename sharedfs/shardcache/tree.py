@@ -15,6 +15,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
+from sharedfs.fs import trustedpath
 from sharedfs.fs.publish import fsync_dir
 from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.model.structs import frozen
@@ -95,7 +97,7 @@ class Layout:
         return os.path.join(self.root, "claims", shard_key)
 
 
-_paths_of: dict[str, tuple[str, str, str]] = {}
+_paths_of: dict[str, tuple[str, str, str, str | None]] = {}
 #: Layouts on the sibling, by the cache path callers use: stable, so never looked at again.
 _layouts: dict[str, Layout] = {}
 _said: set[str] = set()
@@ -111,8 +113,8 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
     known = _layouts.get(absolute)
     if known is not None:
         return known
-    real, sibling, inside = _paths(absolute, policy)
-    team = _team_cache(real, policy)
+    real, sibling, inside, planted = _paths(absolute, policy)
+    team = _team_cache(real, policy) if planted is None else None
     for _ in range(4):  # created (or found invisible and waited for), then looked at again
         cache_st = os.stat(real)
         if _sibling_usable(sibling, real, cache_st):
@@ -120,7 +122,10 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
         if _is_dir(os.path.join(inside, "stripes")):
             _say_inside(real, f"it exists there already (made by a process that could not use {sibling})")
             return Layout(real, inside, True, team)
-        refused = _sibling_refused(real, sibling, cache_st)
+        # Reached through a symlink someone else may have planted: nothing is created beside where it
+        # points (that could be any directory of ours); the tree goes inside the cache, which the
+        # framework fills through the same symlink anyway.
+        refused = planted or _sibling_refused(real, sibling, cache_st)
         if refused is None:
             try:
                 _create_tree(sibling, cache_st, team)
@@ -146,8 +151,28 @@ def forget(cache_dir: str) -> None:
 def _remember(absolute: str, lay: Layout) -> Layout:
     if not _layouts:
         atexit.register(_drop_orphans)
+    _hold(lay.root)
     _layouts[absolute] = lay
     return lay
+
+
+#: The sibling trees this process uses, held open from first use: path -> (descriptor, st_dev, st_ino).
+_held: dict[str, tuple[int, int, int]] = {}
+#: Opening a directory a group member may have swapped: never a symlink, never blocking, never inherited by exec.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+
+
+def _hold(root: str) -> None:
+    """Keep a descriptor of the coordination tree this process uses: at exit, only that very tree may go."""
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return  # gone again already: nothing of ours will be removed at exit
+    st = os.fstat(fd)
+    old = _held.pop(root, None)
+    if old is not None:
+        os.close(old[0])  # the tree was made again (after forget): the new one is what this process uses
+    _held[root] = (fd, st.st_dev, st.st_ino)
 
 
 def _drop_orphans() -> None:
@@ -157,10 +182,108 @@ def _drop_orphans() -> None:
     removed with everything in it; its sibling would stay behind forever.  Nothing in it
     means anything without the cache (no shard to claim, mark or lock), and a process that
     makes the cache again makes a new tree (every use re-creates what is missing).
+
+    In a group-writable parent any member may rename the cache and its tree away and put
+    one of *our* directories (which she cannot delete) at the sibling's name; removing by
+    path would then delete our own files for her.  So only the very tree this process
+    held open goes (same device and inode at that name, looked up in the parent, never
+    through a symlink), emptied through descriptors, and only of the names sharedfs makes
+    there; anything else stays, with one line saying so.
     """
     for lay in list(_layouts.values()):
-        if not os.path.lexists(lay.cache) and _is_dir(lay.root):
-            shutil.rmtree(lay.root, ignore_errors=True)  # never follows a symlink
+        held = _held.get(lay.root)
+        if held is not None and not lay.inside and not os.path.lexists(lay.cache):
+            _drop_tree(lay, *held)
+
+
+def _drop_tree(lay: Layout, fd: int, dev: int, ino: int) -> None:
+    parent, name = os.path.split(lay.root)
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return  # removed by someone else, or moved away with the cache: nothing here is ours to remove
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            _say_left(lay.root, f"it is not the coordination directory this process used for {lay.cache} (that "
+                                "was moved away, and something else was put at its name)")
+            return
+        left = _empty(fd, "top", dev)
+        if left:
+            _say_left(lay.root, f"it holds {', '.join(sorted(left)[:3])}, which sharedfs does not make there")
+            return
+        try:
+            os.rmdir(name, dir_fd=parent_fd)  # fails on anything not empty: only an empty directory can go
+        except OSError:
+            pass
+    finally:
+        os.close(parent_fd)
+
+
+#: What sharedfs makes in a coordination tree, per directory: name pattern -> what it is ("file", or the
+#: directory's own rules).  A download directory (tmp/<key>.<rand>) holds whatever the framework wrote.
+_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "top": tuple((re.escape(sub), sub) for sub in SUBDIRS) + ((r"evict\.lock(\..*)?", "file"),),
+    "stripes": ((r"[0-9a-f]{3}(\..*)?", "file"),),
+    "claims": ((KEY_PATTERN + r"(\..*)?", "file"),),
+    "inuse": ((KEY_PATTERN + r"\..+", "file"),),
+    "tmp": ((KEY_PATTERN + r"\..+", "download"),),
+    "download": ((r".*", "file"), (r".*", "download")),
+}
+
+
+def _empty(dir_fd: int, rules: str, dev: int) -> list[str]:
+    """Remove, through the directory open as ``dir_fd``, what sharedfs makes there; the names left behind.
+
+    Never follows a symlink (a symlink is removed as the name it is, if its name is one of ours),
+    never enters another filesystem.
+    """
+    left: list[str] = []
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return ["(unreadable)"]
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            left.append(name)
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        kinds = [kind for pattern, kind in _NAMES[rules] if re.fullmatch(pattern, name)]
+        kind = next((k for k in kinds if (k != "file") == is_dir), None)
+        if kind is None or (is_dir and st.st_dev != dev):
+            left.append(name)
+            continue
+        try:
+            if not is_dir:
+                os.unlink(name, dir_fd=dir_fd)
+                continue
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            try:
+                if (os.fstat(sub).st_ino, os.fstat(sub).st_dev) != (st.st_ino, st.st_dev):
+                    left.append(name)  # swapped between the look and the open
+                    continue
+                left.extend(f"{name}/{inner}" for inner in _empty(sub, kind, dev))
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            left.append(name)
+    return left
+
+
+def _say_left(root: str, why: str) -> None:
+    from sharedfs.machinery.log import decision
+
+    decision(f"{root} was left in place at exit: {why}", level=logging.WARNING, every_rank=True)
 
 
 def _team_cache(real: str, policy: Policy | None) -> TeamCache | None:
@@ -178,27 +301,36 @@ def _team_cache(real: str, policy: Policy | None) -> TeamCache | None:
         return team
     try:
         st = os.fstat(fd)
-        if st.st_uid == os.geteuid():
+        # Opened by name: a directory on the way may have been swapped for a symlink since it was resolved.
+        if st.st_uid == os.geteuid() and _opened_at(fd, real):
             teamfiles.give_fd(fd, team, st)
     finally:
         os.close(fd)
     return team
 
 
-def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str]:
+def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str, str | None]:
+    """The cache's real path, its sibling, its inside tree, and why the sibling must not be made (a planted link)."""
     known = _paths_of.get(absolute)
     if known is None:
         if not os.path.isdir(absolute):
             from sharedfs.cluster.dirs import makedirs  # never FileExistsError on lagging storage (lingua#49)
 
             makedirs(absolute, timeout=_current(policy).wait_timeout)
-        # Resolve symlinks: the sibling belongs beside the real directory, on its filesystem.
-        real = os.path.realpath(absolute)
+        # Resolve symlinks: the sibling belongs beside the real directory, on its filesystem -- unless a
+        # symlink on the way is not the user's own choice (sharedfs.fs.trustedpath).
+        resolved = trustedpath.resolve(absolute)
+        real = resolved.real
+        planted = None
+        if resolved.planted is not None:
+            teamfiles.refuse(absolute, resolved, _current(policy))
+            link = resolved.planted
+            planted = f"{absolute} is reached through the symlink {link.link}, made by {link.who()}, and {link.why()}"
         name = os.path.basename(real) or "root"
         sibling = os.path.join(os.path.dirname(real), f".{name}{SIBLING_SUFFIX}")
         if len(os.path.basename(sibling)) > 240:  # NAME_MAX is 255 on every filesystem we meet
             sibling = os.path.join(os.path.dirname(real), f".{name[:160]}-{key(name)[-16:]}{SIBLING_SUFFIX}")
-        known = _paths_of[absolute] = (real, sibling, os.path.join(real, META))
+        known = _paths_of[absolute] = (real, sibling, os.path.join(real, META), planted)
     return known
 
 
@@ -296,7 +428,7 @@ def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) 
     """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
     try:
-        if os.fstat(fd).st_uid != os.geteuid():
+        if os.fstat(fd).st_uid != os.geteuid() or not _opened_at(fd, path):
             raise UnsafeDirectoryError(f"{path} was replaced right after this process created it; "
                                        "someone with write access to the cache is interfering")
         try:
@@ -308,6 +440,18 @@ def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) 
         os.fchmod(fd, teamfiles.group_mode(mode, True) if team is not None else mode)
     finally:
         os.close(fd)
+
+
+def _opened_at(fd: int, path: str) -> bool:
+    """Whether the directory open as ``fd`` is really at ``path`` (a real path): nothing on the way was swapped.
+
+    ``O_NOFOLLOW`` guards only the last component; this checks all of them, after the open,
+    on the descriptor that is then used.  Without ``/proc`` it cannot be proven: no.
+    """
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == path
+    except OSError:
+        return False
 
 
 def _visible_within(path: str, timeout: float) -> bool:

@@ -1,0 +1,140 @@
+"""Resolving a path the user gave without trusting a symlink that someone else could have planted.
+
+sharedfs widens what it finds under a team cache's root (``chmod g+rwxs``, ``chgrp``) and
+creates the shard cache's coordination tree beside it.  ``os.path.realpath`` follows every
+symlink on the way, so a member of the project group who makes the root a symlink
+(``ln -s ~alice/proj /team/hf/datasets``) would have sharedfs widen, and create beside,
+whatever it points to.  The stock frameworks only ever write *into* the directory they are
+given, so for them following it is harmless; for sharedfs it is not.
+
+:func:`resolve` resolves like ``realpath`` and also reports the first symlink on the way
+that is not the user's own choice.  A symlink is trusted when nobody but this user and
+root can have made it or can replace it: it belongs to this user or root, and it sits in a
+directory that belongs to this user or root and that nobody else may write -- not writable
+by others, and not by the group unless the group is the user's own private group (the
+user-private-group convention, ``alice:alice``) -- or that is sticky (``/tmp``: nobody
+removes another's entry there).  ``~/.cache/huggingface -> /scratch/me/hf`` and a root's
+``/data -> /lustre/data`` are trusted; a symlink in a group-writable project directory is
+not, whoever owns it: any member may replace it.
+
+Standard library only (the ``fs`` layer): callers decide what a planted symlink means.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["Planted", "Resolved", "resolve"]
+
+#: Symlinks followed at most while resolving, as the kernel's own limit (ELOOP).
+MAX_LINKS = 40
+
+
+@dataclass(frozen=True)
+class Planted:
+    """A symlink on the way to a path that someone other than this user and root may have made or replaced."""
+
+    link: str  # where the symlink is (its directory resolved)
+    target: str  # what it points to
+    owner: int  # uid of the symlink
+    directory_owner: int  # uid of the directory it is in
+    directory_mode: int  # and that directory's mode
+
+    def who(self) -> str:
+        return _user(self.owner)
+
+    def why(self) -> str:
+        """Why it is not trusted, in words."""
+        mode = self.directory_mode
+        if self.owner not in (0, os.geteuid()):
+            return f"it belongs to {self.who()}"
+        if self.directory_owner not in (0, os.geteuid()):
+            return f"its directory belongs to {_user(self.directory_owner)}"
+        writers = "every user" if mode & stat.S_IWOTH else "its group"
+        return f"its directory is writable by {writers} (mode {mode:o}), so any of them may replace it"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    real: str  # the path with every symlink resolved, as os.path.realpath gives it
+    planted: Planted | None  # the first symlink on the way that is not the user's own choice
+
+
+def resolve(path: str | os.PathLike[str]) -> Resolved:
+    """``path`` resolved like ``os.path.realpath``, and the first untrusted symlink on the way (or ``None``).
+
+    A part that does not exist (yet) is kept as spelled, as ``realpath`` keeps it.  More than
+    :data:`MAX_LINKS` symlinks (a loop) counts as planted: nothing can be proven about it.
+    """
+    pending = os.path.abspath(os.fspath(path)).split(os.sep)[1:]
+    pending.reverse()  # a stack: the next component is last
+    real, planted, links = os.sep, None, 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = os.path.dirname(real)
+            continue
+        candidate = os.path.join(real, name)
+        try:
+            st = os.lstat(candidate)
+        except OSError:  # missing (the rest is made later), or not searchable: spelled as given from here on
+            real = os.path.join(candidate, *reversed(pending))
+            break
+        if not stat.S_ISLNK(st.st_mode):
+            real = candidate
+            continue
+        links += 1
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            target = "?"
+        if planted is None:
+            planted = _untrusted(real, candidate, target, st)
+        if links > MAX_LINKS or target == "?":
+            return Resolved(os.path.realpath(path), planted or Planted(candidate, target, st.st_uid, -1, 0))
+        if os.path.isabs(target):
+            real = os.sep
+        pending.extend(reversed(target.split(os.sep)))
+    return Resolved(os.path.normpath(real), planted)
+
+
+def _untrusted(directory: str, link: str, target: str, link_st: os.stat_result) -> Planted | None:
+    me = os.geteuid()
+    try:
+        dir_st = os.stat(directory)
+    except OSError:
+        return Planted(link, target, link_st.st_uid, -1, 0)
+    mode = stat.S_IMODE(dir_st.st_mode)
+    found = Planted(link, target, link_st.st_uid, dir_st.st_uid, mode)
+    if link_st.st_uid not in (0, me) or dir_st.st_uid not in (0, me):
+        return found
+    if mode & stat.S_ISVTX:
+        return None  # sticky: only the link's owner (us or root) or the directory's may remove or rename it
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(dir_st.st_gid)):
+        return found
+    return None
+
+
+@lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's own group and nobody else's (the user-private-group convention)."""
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == me and set(group.gr_mem) <= {me} and gid == pwd.getpwuid(os.geteuid()).pw_gid
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
