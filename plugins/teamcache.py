@@ -44,6 +44,7 @@ import stat
 
 from sharedfs.cluster.teamfiles import default_acl_group, refused
 from sharedfs.errors import ConfigError
+from sharedfs.fs import trustedpath
 from sharedfs.model.records import group_name
 from sharedfs.types import Policy, TeamCache, hookimpl
 
@@ -55,6 +56,9 @@ _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
 def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
     if refused(directory):
         return None  # wherever it points was chosen by whoever made the symlink (module docstring)
+    # Climb from where the user's own symlinks lead (~/.cache/huggingface -> /scratch/lab/hf), not from
+    # the spelling: the parent of the link's own directory says nothing about the directory it names.
+    directory = trustedpath.resolve(directory).real
     try:
         st = os.stat(directory)
     except OSError:

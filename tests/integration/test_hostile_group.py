@@ -336,3 +336,96 @@ def test_a_directory_swapped_in_as_the_shard_caches_sibling_was_deleted_at_exit_
     assert job.stdout.split()[0] == "5"
     assert after == before  # model.pt byte for byte, and every mode, owner and group
     assert "not the coordination directory this process" in job.stderr, job.stderr
+
+
+# -- what stays trusted: the user's own symlinks ---------------------------------------------------------
+
+RESOLVE = textwrap.dedent("""
+    import json, os, sys
+    from sharedfs.fs.trustedpath import resolve
+    out = {}
+    for path in sys.argv[1:]:
+        found = resolve(path)
+        out[path] = [found.real == os.path.realpath(path), found.planted and found.planted.link]
+    print(json.dumps(out))
+""")
+
+
+def test_which_symlinks_are_the_users_own_choice(site) -> None:
+    """Followed: the user's or root's symlink where nobody else may replace it.  Refused: anything else."""
+    alice, bob = site.alice, site.bob
+    base = site.root / "links"
+    team = lab(site, "links")  # <root>/links/team, 2775 root:<group>
+    target = team / "data"
+    target.mkdir()
+    sticky = base / "sticky"
+    sticky.mkdir(mode=0o1777)
+    sticky.chmod(0o1777)
+    rootdir = base / "rootdir"
+    rootdir.mkdir(mode=0o755)
+    os.symlink(target, rootdir / "data")  # root's, in root's own directory: a site's /data -> /lustre/data
+    upg = alice.home / "upg"  # alice:alice 0775 under the user-private-group convention: her group is hers alone
+    setup = as_user(alice, ["sh", "-c", f"""
+        set -e
+        mkdir -p "{alice.home}/.cache" "{upg}" && chmod 0775 "{upg}"
+        ln -s "{target}" "{alice.home}/.cache/hf"
+        ln -s "{target}" "{team}/alices-link"
+        ln -s "{target}" "{sticky}/alices-link"
+        ln -s "{target}" "{upg}/hf"
+        ln -s loop-b "{alice.home}/loop-a" && ln -s loop-a "{alice.home}/loop-b"
+    """])
+    assert setup.returncode == 0, setup.stderr
+    planted = as_user(bob, ["sh", "-c", f"""
+        set -e
+        mkdir -m 0755 "{bob.home}/pub"
+        ln -s "{target}" "{bob.home}/pub/bobs-link"
+        ln -s "{target}" "{sticky}/bobs-link"
+        ln -s "{alice.home}" "{team}/alice"
+    """])
+    assert planted.returncode == 0, planted.stderr
+    # alice's own group must be hers alone for the user-private-group case (useradd --user-group)
+    assert grp.getgrgid(alice.gid).gr_name == alice.name
+    cases = {
+        f"{alice.home}/.cache/hf": None,  # her own link in her own directory: ~/.cache/huggingface -> /scratch/...
+        f"{alice.home}/.cache/hf/sub/dir": None,  # a path below it that does not exist yet
+        f"{rootdir}/data": None,  # root's, in a directory only root may write
+        f"{sticky}/alices-link": None,  # hers, in a sticky directory (/tmp): nobody else may replace it
+        f"{upg}/hf": None,  # hers, in her directory that only her private group may also write
+        f"{team}/alices-link": f"{team}/alices-link",  # hers, but in the lab's directory: any member may replace it
+        f"{sticky}/bobs-link": f"{sticky}/bobs-link",  # bob's
+        f"{bob.home}/pub/bobs-link": f"{bob.home}/pub/bobs-link",  # bob's, in bob's directory
+        f"{team}/alice/proj-x": f"{team}/alice",  # a planted link on the way, not at the end
+        f"{alice.home}/loop-a": "a loop",  # proves nothing: refused (at whichever link the count ran out)
+    }
+    result = as_user(alice, [sys.executable, "-c", RESOLVE, *cases])
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found[f"{alice.home}/loop-a"][1] in (f"{alice.home}/loop-a", f"{alice.home}/loop-b")
+    found[f"{alice.home}/loop-a"][1] = "a loop"
+    assert {path: found[path][1] for path in cases} == cases
+    assert all(same for path, (same, _) in found.items() if "loop" not in path), found  # same as realpath
+
+
+def test_the_users_own_symlink_to_a_team_cache_still_makes_it_the_teams(site) -> None:
+    """``~/hf -> /team/hf``, alice's own link: what datasets makes there is the group's, as without a link.
+
+    (sharedfs before this change climbed from the link's own directory, ``~``, and missed the
+    lab's setgid directory: it did not share the cache at all, as stock.)
+    """
+    runs = {}
+    for variant in VARIANTS:
+        team = lab(site, f"ownlink-{variant}")
+        link = site.alice.home / f"hf-{variant}"
+        made = as_user(site.alice, ["sh", "-c", f'mkdir "{team}/hf" && ln -s "{team}/hf" "{link}"'])
+        assert made.returncode == 0, made.stderr
+        job = as_user(site.alice, [sys.executable, "-c", JOB, "datasets", str(link), str(site.data)],
+                      env=env_of(site, variant, HF_DATASETS_CACHE=str(link / "datasets")))
+        assert job.returncode == 0 and job.stdout.split()[0] == "45", job.stderr[-3000:]
+        runs[variant] = snapshot(team / "hf" / "datasets")
+    for variant in ("stock", "before"):  # under umask 022: 2755 directories the next member cannot add to
+        assert [name for name, (kind, mode, *_rest) in runs[variant].items() if kind == "dir" and not mode & 0o020]
+    shared = runs["fixed"]
+    assert len(shared) == len(runs["stock"])
+    assert all(gid == site.alice.group and mode & 0o060 == 0o060 for kind, mode, _, gid, _ in shared.values()
+               if kind != "link"), shared
+    assert "not treated as a team cache" not in job.stderr
