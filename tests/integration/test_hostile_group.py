@@ -280,12 +280,14 @@ def added(run: Outcome) -> list[tuple[str, int, int, int, int, str]]:
 # -- 2. a swapped sibling of a shard cache -----------------------------------------------------------------
 
 
-def swapped_sibling(site: Site, framework: str, variant: str) -> tuple[dict, dict, subprocess.CompletedProcess[str]]:
+def swapped_sibling(site: Site, framework: str, variant: str,
+                    early: bool = False) -> tuple[dict, dict, subprocess.CompletedProcess[str]]:
     """alice reads through ``<lab>/wds``; bob then swaps ``<lab>/alice_results`` in as its sibling tree.
 
+    ``early``: bob puts it there before alice's job starts, so that her job opens it as its tree.
     Returns alice's results directory before and after her job exited, and the job.
     """
-    label = f"sibling-{framework}-{variant}"
+    label = f"sibling-{framework}-{variant}{'-early' if early else ''}"
     team = lab(site, label)
     results = team / "alice_results"
     made = as_user(site.alice, ["sh", "-c", f'mkdir "{results}" && printf weights > "{results}/model.pt"'])
@@ -293,6 +295,10 @@ def swapped_sibling(site: Site, framework: str, variant: str) -> tuple[dict, dic
     before = snapshot(results)
     cache, sibling = team / "wds", team / ".wds.sharedfs"
     go = site.root / label / "go"
+    if early:
+        moved = as_user(site.bob, ["mv", str(results), str(sibling)])
+        assert moved.returncode == 0, moved.stderr
+        results = sibling
     proc = site.alice.popen([sys.executable, "-c", JOB, framework, str(cache), site.urls(0), str(go)],
                             env=env_of(site, variant), umask=0o022)
     try:
@@ -304,8 +310,10 @@ def swapped_sibling(site: Site, framework: str, variant: str) -> tuple[dict, dic
             rm -rf "{results}" 2>/dev/null || true
             test -e "{results}/model.pt"
             mv "{cache}" "{team}/wds.old"
-            if [ -e "{sibling}" ]; then mv "{sibling}" "{team}/.wds.old"; fi
-            mv "{results}" "{sibling}"
+            if [ "{results}" != "{sibling}" ]; then
+                if [ -e "{sibling}" ]; then mv "{sibling}" "{team}/.wds.old"; fi
+                mv "{results}" "{sibling}"
+            fi
         """)])
         assert attack.returncode == 0, attack.stderr
         go.touch()
@@ -429,3 +437,18 @@ def test_the_users_own_symlink_to_a_team_cache_still_makes_it_the_teams(site) ->
     assert all(gid == site.alice.group and mode & 0o060 == 0o060 for kind, mode, _, gid, _ in shared.values()
                if kind != "link"), shared
     assert "not treated as a team cache" not in job.stderr
+
+
+@pytest.mark.parametrize("framework", ["webdataset", "wids"])
+def test_a_directory_planted_as_the_sibling_before_first_use_keeps_the_victims_files(site, framework) -> None:
+    """bob renames alice's directory to ``.wds.sharedfs`` before her job; her job uses it, then the cache goes."""
+    before, after, job = swapped_sibling(site, framework, "before", early=True)
+    print(f"{framework}, before the fix: alice's results after her own job exited: {after or 'deleted'}")
+    assert job.stdout.split()[0] == "5" and after == {}
+
+    before, after, job = swapped_sibling(site, framework, "fixed", early=True)
+    assert job.stdout.split()[0] == "5"
+    # Her job used it as its coordination tree (it was a directory where the tree belongs); at exit
+    # only what sharedfs makes there went, and model.pt, which it never makes, kept the rest.
+    assert after == before
+    assert "which sharedfs does not make there" in job.stderr and "model.pt" in job.stderr, job.stderr
