@@ -44,6 +44,12 @@ cache root is *given* to the group afterwards:
   and the group's bits: files ``g+rw`` (``g+x`` where the owner has ``x``),
   directories ``g+rwx`` and setgid.  Bits for others are never added.
 
+Which roots: the real path of a root is found with :func:`sharedfs.fs.trustedpath.resolve`;
+a root reached through a symlink that someone other than the user or root may have planted
+(``ln -s ~alice/proj /team/hf/datasets`` by another member) is not watched, and
+:func:`refuse` says why: giving "what is under the root" to the group would widen
+wherever the symlink points (docs/security.md, "Hostile members of your own group").
+
 An entry of another user is never touched: its owner's sharedfs gives it to the
 group, or ``sharedfs doctor`` names it with the one-time fix.  Not seen by the
 hook, and handled where they are made instead: files a subprocess writes (wids

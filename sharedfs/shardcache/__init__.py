@@ -43,7 +43,9 @@ download directory as long as its download.
 
 The sibling is not used -- the same tree goes to ``<cache>/.sharedfs/``, and
 this is said once per cache -- when this process cannot create entries in the
-parent, when the cache is a mount point, or when the parent is writable by
+parent, when the cache is a mount point, when the cache is reached through a
+symlink someone else may have planted (:mod:`sharedfs.fs.trustedpath`: nothing
+is created beside wherever it points, and the cache is no team cache), or when the parent is writable by
 every user (``/tmp``) and the sibling is not owned by the cache's owner (anyone
 could have created it first).  Every operation looks for a usable sibling first
 and then for an existing ``<cache>/.sharedfs/``, so processes that chose
@@ -52,7 +54,10 @@ differently at the same first moment agree again at their next operation.
 Removing the cache but keeping the sibling is harmless: a claim counts only
 while its shard is visible, :func:`evict` removes claims of shards that are
 gone, and a process that used a cache removes its sibling at exit if the cache
-no longer exists (a cache in a ``TemporaryDirectory`` leaves nothing behind).
+no longer exists (a cache in a ``TemporaryDirectory`` leaves nothing behind) -- only
+the very tree it held open from first use (device and inode at that name), emptied
+through descriptors of the names sharedfs makes there: a member who renamed one of
+your directories to the sibling's name finds it intact.
 A ``<cache>/.sharedfs/`` without ``stripes/`` was left by an earlier sharedfs
 (a lock file per shard); it is ignored, and can be deleted once no job of that
 version uses the cache -- processes of that version do not coordinate with
