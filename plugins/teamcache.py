@@ -54,11 +54,12 @@ _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
 def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
-    if refused(directory):
+    resolved = trustedpath.resolve(directory)
+    if refused(resolved):
         return None  # wherever it points was chosen by whoever made the symlink (module docstring)
     # Climb from where the user's own symlinks lead (~/.cache/huggingface -> /scratch/lab/hf), not from
     # the spelling: the parent of the link's own directory says nothing about the directory it names.
-    directory = trustedpath.resolve(directory).real
+    directory = resolved.real
     try:
         st = os.stat(directory)
     except OSError:

@@ -202,11 +202,11 @@ def team_of(directory: str, policy: Policy) -> TeamCache | None:
 _refused: set[str] = set()
 
 
-def refused(directory: str) -> bool:
-    """Whether ``directory`` is reached through a planted symlink, or lies where a refused root led."""
-    if trustedpath.resolve(directory).planted is not None:
+def refused(resolved: trustedpath.Resolved) -> bool:
+    """Whether a directory (resolved) is reached through a planted symlink, or lies where a refused root led."""
+    if resolved.planted is not None:
         return True
-    probe = os.path.abspath(directory) + os.sep
+    probe = resolved.real.rstrip(os.sep) + os.sep
     return any(probe.startswith(real.rstrip(os.sep) + os.sep) for real in tuple(_refused))
 
 
