@@ -115,6 +115,15 @@ def own_name(path: str, data: bytes) -> str:
     return f"{path}.{binascii.crc32(data):08x}"
 
 
+class Tampered(FileExistsError):
+    """Another process removed or replaced this taker's own record file before it was linked to the marker.
+
+    A :class:`FileExistsError` (the lock counts as held for this attempt, and the taker tries again with a
+    fresh own name or waits), never a conclusion about the filesystem: a directory swapped in at that name
+    makes link(2) answer EPERM, which must not read as "this filesystem has no hard links".
+    """
+
+
 def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | None:
     """The marker made by link(2); ``None`` when this filesystem has no hard links."""
     temp = own_name(path, data)
@@ -122,7 +131,12 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
         fd = create_record(temp, data, mode)
     except FileExistsError:
         raise FileExistsError(errno.EEXIST, "another taker's record file has this name", temp) from None
+    mine: tuple[int, int] | None = None
     try:
+        try:  # once, now: on NFS (ESTALE) or FUSE an fstat of a file another process removed fails
+            mine = identity(fd)
+        except OSError:
+            raise _tampered(temp) from None
         try:
             os.link(temp, path, follow_symlinks=False)
             failed: OSError | None = None
@@ -132,27 +146,56 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
         # so whether the marker is ours is asked of the name itself (open(2) checks the link count;
         # the identity also tells a file swapped in before the link, and needs no fresh link count).
         try:
-            now, ours = os.lstat(path), os.fstat(fd)
-            linked = (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+            linked = identity(os.lstat(path)) == mine
         except FileNotFoundError:
             linked = False
         if failed is not None and not linked:
+            # What link(2) answered is about the filesystem only while our own name still is our file: a
+            # directory swapped in there answers EPERM, a name removed underneath ENOENT.  Either way
+            # someone else is in the lock directory: this attempt fails as contention (fail closed), and
+            # the directory keeps the link protocol.
+            if not _names(temp, mine):
+                raise _tampered(temp)
             if failed.errno in _NO_LINK_ERRNOS:
                 _NO_LINKS.add(directory)
-                os.unlink(temp)
-                os.close(fd)
+                discard_if_same(temp, mine)
+                _close_quietly(fd)
                 return None
             raise failed
         if not linked:
             # Someone swapped our own name for another file between its creation and the link:
             # what now sits at the marker is theirs, so the lock counts as held (fail closed).
             raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
-        os.unlink(temp)
+        # The marker is ours now: the own name goes if it still is our file (never a directory or a file
+        # swapped in there, and never an error that would leave the marker held by a failed acquire).
+        discard_if_same(temp, mine)
     except BaseException:
-        _unlink_if_same(temp, os.fstat(fd))
-        os.close(fd)
+        if mine is not None:
+            discard_if_same(temp, mine)
+        _close_quietly(fd)  # a FUSE client whose file was swapped for a directory answers EIO even here
         raise
     return fd
+
+
+def _close_quietly(fd: int) -> None:
+    """Close ``fd`` on a path that is already failing: the descriptor is freed whatever close(2) answers."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _names(path: str, file: tuple[int, int]) -> bool:
+    """Whether ``path`` still names ``file`` (False when it cannot even be looked at)."""
+    try:
+        return identity(os.lstat(path)) == file
+    except OSError:
+        return False
+
+
+def _tampered(temp: str) -> Tampered:
+    return Tampered(errno.EEXIST, "this taker's own record file was removed or replaced before it could be "
+                                  "linked to the lock marker", temp)
 
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV}
