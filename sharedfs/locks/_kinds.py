@@ -161,6 +161,8 @@ def take_marker(target: Target, *, native_held: bool,
             return None
         except FileExistsError:
             if not _break_if_dead(target, native_held, holder_alive):
+                # Waiting: now and then, clear what takers killed before their link left (never a live one's).
+                _marker.collect_leftovers(target.marker, _dead_by(target, holder_alive))
                 return None
             continue
         target.tampered = None
@@ -210,10 +212,18 @@ def _break_if_dead(target: Target, native_held: bool,
     if broken:
         from sharedfs.machinery.log import decision
 
+        # Its holder died (a job killed): takers of that job killed before their link left own names too.
+        _marker.collect_leftovers(target.marker, _dead_by(target, holder_alive), force=True)
+
         holder = record.describe() if record else "a holder that never wrote its record"
         decision(f"broke the lock {target.lock_file}: its holder ({holder}) is gone", every_rank=True)
         return True
     return False
+
+
+def _dead_by(target: Target, holder_alive: HolderAlive) -> Callable[[HolderRecord], bool]:
+    """The one rule for "holder gone" (``sharedfs_holder_alive``), for records nobody watched change."""
+    return lambda record: holder_alive(record, target.policy, None) is False
 
 
 def _user(uid: int) -> str:

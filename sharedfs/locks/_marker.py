@@ -32,12 +32,13 @@ import binascii
 import errno
 import logging
 import os
+import re
 import threading
 import time
 import weakref
 from typing import Callable
 
-from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+from sharedfs.fs.recordfile import create_record, discard_if_same, identity, unlink_if_same
 from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.records import HolderRecord
 from sharedfs.model.structs import frozen
@@ -212,6 +213,66 @@ def read(path: str) -> Seen | None:
     data, st = got
     return Seen(data, (st.st_dev, st.st_ino, st.st_ctime_ns), HolderRecord.parse(data) if data else None,
                 owner=st.st_uid)
+
+
+#: A waiter looks for leftover own names in a lock's directory at most this often (seconds, per directory and
+#: process): one listing of a directory the metadata server serves to every node.
+COLLECT_EVERY = 600.0
+_collected: dict[str, float] = {}
+
+
+def collect_leftovers(marker: str, dead: Callable[[HolderRecord], bool], *, force: bool = False) -> int:
+    """Remove the own-name files (``<marker>.<crc>``) takers left when killed before their link; how many went.
+
+    A taker SIGKILLed between writing its record under its own name and linking it to the
+    marker leaves that file, and nobody ever uses the name again (it is derived from the dead
+    taker's record).  One goes only when it is exactly what sharedfs writes there (a regular
+    file whose record's own name is its name, with no second name: not a marker's), its writer
+    is provably gone (``dead``: the ``sharedfs_holder_alive`` rule; "cannot tell" keeps it),
+    and it is still the file that was read.  Called by a waiter (at most every
+    :data:`COLLECT_EVERY` per directory, unless ``force``) and after breaking a dead holder's
+    marker; ``sharedfs locks`` shows the rest, and ``--clear-dead`` removes them the same way.
+    """
+    directory, base = os.path.split(marker)
+    directory = directory or "."
+    now = time.monotonic()
+    if not force and now - _collected.get(directory, -COLLECT_EVERY) < COLLECT_EVERY:
+        return 0
+    _collected[directory] = now
+    prefix = base + "."
+    removed = 0
+    try:
+        entries = [entry.name for entry in os.scandir(directory)
+                   if entry.name.startswith(prefix) and _OWN_HEX.fullmatch(entry.name, len(prefix))]
+    except OSError:
+        return 0
+    for name in entries:
+        path = os.path.join(directory, name)
+        try:
+            got = read_untrusted(path)
+        except FileNotFoundError:
+            continue
+        if got is None:
+            continue  # not a file sharedfs wrote: cannot tell
+        data, st = got
+        record = HolderRecord.parse(data) if data else None
+        if record is None or own_name(marker, data) != path or st.st_nlink != 1:
+            continue  # not a taker's record under its own name, or still a marker's second name
+        if dead(record) is True and unlink_if_same_quietly(path, identity(st)):
+            removed += 1
+    return removed
+
+
+#: An own name's suffix: the record's crc32 in 8 hex digits.
+_OWN_HEX = re.compile(r"[0-9a-f]{8}")
+
+
+def unlink_if_same_quietly(path: str, file: tuple[int, int]) -> bool:
+    """:func:`~sharedfs.fs.recordfile.unlink_if_same` that answers False instead of raising."""
+    try:
+        return unlink_if_same(path, file)
+    except OSError:
+        return False
 
 
 class NotAllowed(PermissionError):
