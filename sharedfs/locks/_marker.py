@@ -24,6 +24,12 @@ a FIFO, garbage -- is "cannot tell": the lock stays held, and the waiter says
 once what it found and how to clear it by hand.  Breakers take turns through
 ``<lock>.held.break`` and re-read the marker under it: the bytes and the inode
 must still be the dead holder's, so a successor's fresh marker is never removed.
+
+The taker's own record file (``<lock>.held.<crc>``, linked to the marker) lives in a directory
+others may write: one removed or replaced (by a directory, say) before the link makes that
+attempt contention (:class:`Tampered`), never an error out of ``acquire()`` nor a conclusion
+about the filesystem.  One left by a taker killed before its link is collected by waiters once
+its writer is provably gone (:func:`collect_leftovers`).
 """
 
 from __future__ import annotations
