@@ -6,17 +6,17 @@ builder SIGKILLed half-way leaves its baton (with its holder record) and an unfi
 torch without sharedfs (another environment, or ``SHAREDFS_DISABLE=1``) alone waits for it forever
 and never loads a partial file.  The next sharedfs builder knows the baton's builder is gone and
 takes the baton over.  If it removed the dead baton and then created its own, a stock waiter
-polling in between would see no lock and load what the dead builder left (an ImportError for a
-missing module, a SIGBUS for a truncated one).  sharedfs replaces it in one ``rename(2)``
-(``shims.torch.replace_foreign``, the one rule for foreign lock files, which torch >= 2.14's
-existence lock file on a flock-less filesystem shares), so no poller ever sees it absent.
+polling in between would see no lock and load what the dead builder left (a module the linker
+had half written: SIGBUS).  sharedfs replaces it in one ``rename(2)`` (``shims.torch.replace_foreign``,
+the one rule for foreign lock files, which torch >= 2.14's existence lock file on a flock-less
+filesystem shares), so no poller ever sees it absent.
 
 The evidence is counted, not raced: a poller process looks at the baton's name through the
 mount (what torch sees, 20 ms per lookup as on a loaded metadata server) and at the backing
 directory (every few milliseconds), from the dead builder's baton to the new builder's release.
 First the takeover sharedfs did before the rule (remove, then create: the poller sees the name
-absent), then sharedfs's own (never absent), each with a stock waiter that must end up loading
-the extension the new builder finished.
+absent, and the stock waiter loads the half-written module and dies), then sharedfs's own (never
+absent; the stock waiter loads the extension the new builder finished).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from sharedfs.testing.scenario_torch import (
     builds_under_filelock,
     finish,
     kill_mid_build,
+    run_load,
     toolchain,
 )
 
@@ -130,10 +131,14 @@ def _first_line(proc: subprocess.Popen[str], expected: str) -> None:
     assert line == expected, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
 
 
-def _recover(chain: Toolchain, root: Path, backing: Path, recovery: str | None, tmp: Path) -> dict[str, object]:
+def _recover(chain: Toolchain, root: Path, backing: Path, recovery: str | None, tmp: Path,
+             truncated: bytes) -> dict[str, object]:
     """Kill a sharedfs builder half-way in ``root``, then let ``recovery`` (a script; ``None``: sharedfs) rebuild
-    while a stock load() waits and a poller watches the baton.  What the poller, the waiter and the builder saw."""
+    while a stock load() waits and a poller watches the baton.  What the poller, the waiter and the builder saw.
+
+    The killed build leaves ``truncated`` as its module, as a builder killed while the linker wrote it does."""
     kill_mid_build(chain, chain.env(clean_env(), root))
+    (root / EXTENSION / f"{EXTENSION}.so").write_bytes(truncated)
     baton = root / EXTENSION / "lock"
     backing_baton = backing / root.name / EXTENSION / "lock"
     assert baton.exists() and backing_baton.exists(), "the killed sharedfs builder leaves its baton"
@@ -167,18 +172,27 @@ def _recover(chain: Toolchain, root: Path, backing: Path, recovery: str | None, 
 def test_a_dead_sharedfs_builders_baton_is_replaced_without_a_moment_in_which_stock_torch_sees_it_free(
     tmp_path: Path, chain: Toolchain, hostile_mount
 ) -> None:
+    complete = run_load(chain.env(clean_env(), tmp_path / "complete"), 180)
+    assert answer(complete) == {"answer": 42, "seconds": answer(complete)["seconds"]}, complete  # type: ignore[index]
+    built = (tmp_path / "complete" / EXTENSION / f"{EXTENSION}.so").read_bytes()
+    truncated = built[:len(built) // 2]
+    compiled = chain.compiles()
+
     mount = hostile_mount("plain", latency_ms=20)
-    before = _recover(chain, mount.path / "remove-then-create", mount.backing, "remove-then-create", tmp_path)
+    before = _recover(chain, mount.path / "remove-then-create", mount.backing, "remove-then-create", tmp_path,
+                      truncated)
     assert before["builder"] == {"answer": 42, "seconds": 0}, before
     # The window: the name was missing between the dead baton and the new one (the backing poller looks every
     # few ms; the gap is at least a create and a link, 20 ms each).
     assert before["polled"]["backing"]["gaps"] == 1, before  # type: ignore[index]
     # ... long enough (a create, a write and a link through the metadata server) for the stock waiter, which looks
-    # every 0.1 s, to find the lock free and load an extension nobody had built: the dead builder left no module.
-    assert before["waiter"] is None and "sharedfs_answer.so" in str(before["waiter_err"]), before
+    # every 0.1 s, to find the lock free and load the half-written module the dead builder left: it dies (SIGBUS
+    # here, -7; another loader may raise ImportError instead), where torch alone would have waited.
+    assert before["waiter"] is None and before["waiter_rc"] not in (None, 0), before
 
     print("remove, then create:", json.dumps(before))
-    after = _recover(chain, mount.path / "sharedfs", mount.backing, None, tmp_path)
+    assert chain.compiles() == compiled + 2, "each killed build compiled once, and so did its rebuild"
+    after = _recover(chain, mount.path / "sharedfs", mount.backing, None, tmp_path, truncated)
     assert after["builder"] is not None and after["builder"]["answer"] == 42, after  # type: ignore[index]
     polled = after["polled"]
     assert polled["backing"]["gaps"] == 0 and polled["mount"]["gaps"] == 0, after  # type: ignore[index]
