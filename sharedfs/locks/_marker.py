@@ -173,9 +173,15 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
             # Someone swapped our own name for another file between its creation and the link:
             # what now sits at the marker is theirs, so the lock counts as held (fail closed).
             raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
-        # The marker is ours now: the own name goes if it still is our file (never a directory or a file
-        # swapped in there, and never an error that would leave the marker held by a failed acquire).
-        discard_if_same(temp, mine)
+        # The marker is ours now, and the own name goes.  Unlinked without looking first (no extra metadata
+        # operation on every acquire): what another process may have put at that name is a directory, which
+        # unlink(2) refuses, or a file it could have removed itself (without the sticky bit it may remove any
+        # file here; with it, it can only move its own files).  A refusal must not fail an acquire whose
+        # marker is already linked: that marker would stay behind a live process that never holds the lock.
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
     except BaseException:
         if mine is not None:
             discard_if_same(temp, mine)
