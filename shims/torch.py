@@ -211,7 +211,8 @@ class SharedFSBaton:
     ``SHAREDFS_DISABLE``) sharing the directory waits for sharedfs builders and is waited for:
 
     * a baton holding a sharedfs record while this process holds the lock was left by a
-      sharedfs builder that died (a live one would still hold the lock): it is removed;
+      sharedfs builder that died (a live one would still hold the lock): it is replaced by this
+      process's in one rename (:func:`replace_foreign`), never removed first;
     * an empty baton is torch's own, from a builder without sharedfs that nobody can
       vouch for: it is waited out as torch does, saying after 30 s which file to remove.
     """

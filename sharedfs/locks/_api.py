@@ -401,6 +401,11 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
         holder = "a marker without a readable holder record"
         hint = (f"See what it is: sharedfs locks {target.lock_file}. If nobody uses the lock, clear it with: "
                 f"rm -f {target.marker}")
+    elif target.tampered is not None:
+        holder = (f"nobody, but another process removed or replaced this taker's own record file "
+                  f"{target.tampered} before it could be linked to the marker")
+        hint = (f"Something else changes files in {os.path.dirname(target.marker)}: see what is there with "
+                f"ls -la {os.path.dirname(target.marker)} and sharedfs locks {target.lock_file}.")
     else:
         holder = "a holder that released it just now"
         hint = ""

@@ -97,6 +97,9 @@ class Target:
     watch: _marker.Watch = field(default_factory=_marker.Watch)
     #: The lock hands its descriptor to a callback (filelock's ``on_acquired``), which may write through it.
     callback: bool = False
+    #: This taker's own record file that another process removed or replaced before the link, on the last
+    #: attempt (``None`` once an attempt was not tampered with): what a timeout then names.
+    tampered: str | None = None
 
     @property
     def marker(self) -> str:
@@ -148,10 +151,21 @@ def take_marker(target: Target, *, native_held: bool,
     for _ in range(2):  # a second try right after breaking a dead holder's marker
         try:
             fd = _marker.create(target.marker, record, target.mode)
+        except _marker.Tampered as exc:
+            # Someone else changes files in the lock directory under this taker: contention for this attempt
+            # (the next one uses a fresh own name), never an error out of acquire() nor a broken marker.
+            target.tampered = exc.filename
+            _say_once(target.marker + ":tampered", "%s was removed or replaced before it could be linked to the "
+                      "lock marker %s: another process is changing files in %s. The lock counts as held for this "
+                      "attempt and is tried again.", exc.filename, target.marker, os.path.dirname(target.marker))
+            return None
         except FileExistsError:
             if not _break_if_dead(target, native_held, holder_alive):
+                # Waiting: now and then, clear what takers killed before their link left (never a live one's).
+                _marker.collect_leftovers(target.marker, _dead_by(target, holder_alive))
                 return None
             continue
+        target.tampered = None
         _settle_or_undo(fd, target, target.marker)
         lease = _marker.start_lease(fd, target.marker, lease_seconds) if lease_seconds else None
         return fd, lease
@@ -198,10 +212,18 @@ def _break_if_dead(target: Target, native_held: bool,
     if broken:
         from sharedfs.machinery.log import decision
 
+        # Its holder died (a job killed): takers of that job killed before their link left own names too.
+        _marker.collect_leftovers(target.marker, _dead_by(target, holder_alive), force=True)
+
         holder = record.describe() if record else "a holder that never wrote its record"
         decision(f"broke the lock {target.lock_file}: its holder ({holder}) is gone", every_rank=True)
         return True
     return False
+
+
+def _dead_by(target: Target, holder_alive: HolderAlive) -> Callable[[HolderRecord], bool]:
+    """The one rule for "holder gone" (``sharedfs_holder_alive``), for records nobody watched change."""
+    return lambda record: holder_alive(record, target.policy, None) is False
 
 
 def _user(uid: int) -> str:

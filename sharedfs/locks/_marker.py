@@ -24,6 +24,12 @@ a FIFO, garbage -- is "cannot tell": the lock stays held, and the waiter says
 once what it found and how to clear it by hand.  Breakers take turns through
 ``<lock>.held.break`` and re-read the marker under it: the bytes and the inode
 must still be the dead holder's, so a successor's fresh marker is never removed.
+
+The taker's own record file (``<lock>.held.<crc>``, linked to the marker) lives in a directory
+others may write: one removed or replaced (by a directory, say) before the link makes that
+attempt contention (:class:`Tampered`), never an error out of ``acquire()`` nor a conclusion
+about the filesystem.  One left by a taker killed before its link is collected by waiters once
+its writer is provably gone (:func:`collect_leftovers`).
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ import binascii
 import errno
 import logging
 import os
+import re
 import threading
 import time
 import weakref
 from typing import Callable
 
-from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+from sharedfs.fs.recordfile import create_record, discard_if_same, identity, unlink_if_same
 from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.records import HolderRecord
 from sharedfs.model.structs import frozen
@@ -115,6 +122,15 @@ def own_name(path: str, data: bytes) -> str:
     return f"{path}.{binascii.crc32(data):08x}"
 
 
+class Tampered(FileExistsError):
+    """Another process removed or replaced this taker's own record file before it was linked to the marker.
+
+    A :class:`FileExistsError` (the lock counts as held for this attempt, and the taker tries again with a
+    fresh own name or waits), never a conclusion about the filesystem: a directory swapped in at that name
+    makes link(2) answer EPERM, which must not read as "this filesystem has no hard links".
+    """
+
+
 def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | None:
     """The marker made by link(2); ``None`` when this filesystem has no hard links."""
     temp = own_name(path, data)
@@ -122,7 +138,12 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
         fd = create_record(temp, data, mode)
     except FileExistsError:
         raise FileExistsError(errno.EEXIST, "another taker's record file has this name", temp) from None
+    mine: tuple[int, int] | None = None
     try:
+        try:  # once, now: on NFS (ESTALE) or FUSE an fstat of a file another process removed fails
+            mine = identity(fd)
+        except OSError:
+            raise _tampered(temp) from None
         try:
             os.link(temp, path, follow_symlinks=False)
             failed: OSError | None = None
@@ -132,27 +153,62 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
         # so whether the marker is ours is asked of the name itself (open(2) checks the link count;
         # the identity also tells a file swapped in before the link, and needs no fresh link count).
         try:
-            now, ours = os.lstat(path), os.fstat(fd)
-            linked = (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+            linked = identity(os.lstat(path)) == mine
         except FileNotFoundError:
             linked = False
         if failed is not None and not linked:
+            # What link(2) answered is about the filesystem only while our own name still is our file: a
+            # directory swapped in there answers EPERM, a name removed underneath ENOENT.  Either way
+            # someone else is in the lock directory: this attempt fails as contention (fail closed), and
+            # the directory keeps the link protocol.
+            if not _names(temp, mine):
+                raise _tampered(temp)
             if failed.errno in _NO_LINK_ERRNOS:
                 _NO_LINKS.add(directory)
-                os.unlink(temp)
-                os.close(fd)
+                discard_if_same(temp, mine)
+                _close_quietly(fd)
                 return None
             raise failed
         if not linked:
             # Someone swapped our own name for another file between its creation and the link:
             # what now sits at the marker is theirs, so the lock counts as held (fail closed).
             raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
-        os.unlink(temp)
+        # The marker is ours now, and the own name goes.  Unlinked without looking first (no extra metadata
+        # operation on every acquire): what another process may have put at that name is a directory, which
+        # unlink(2) refuses, or a file it could have removed itself (without the sticky bit it may remove any
+        # file here; with it, it can only move its own files).  A refusal must not fail an acquire whose
+        # marker is already linked: that marker would stay behind a live process that never holds the lock.
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
     except BaseException:
-        _unlink_if_same(temp, os.fstat(fd))
-        os.close(fd)
+        if mine is not None:
+            discard_if_same(temp, mine)
+        _close_quietly(fd)  # a FUSE client whose file was swapped for a directory answers EIO even here
         raise
     return fd
+
+
+def _close_quietly(fd: int) -> None:
+    """Close ``fd`` on a path that is already failing: the descriptor is freed whatever close(2) answers."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _names(path: str, file: tuple[int, int]) -> bool:
+    """Whether ``path`` still names ``file`` (False when it cannot even be looked at)."""
+    try:
+        return identity(os.lstat(path)) == file
+    except OSError:
+        return False
+
+
+def _tampered(temp: str) -> Tampered:
+    return Tampered(errno.EEXIST, "this taker's own record file was removed or replaced before it could be "
+                                  "linked to the lock marker", temp)
 
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV}
@@ -169,6 +225,66 @@ def read(path: str) -> Seen | None:
     data, st = got
     return Seen(data, (st.st_dev, st.st_ino, st.st_ctime_ns), HolderRecord.parse(data) if data else None,
                 owner=st.st_uid)
+
+
+#: A waiter looks for leftover own names in a lock's directory at most this often (seconds, per directory and
+#: process): one listing of a directory the metadata server serves to every node.
+COLLECT_EVERY = 600.0
+_collected: dict[str, float] = {}
+
+
+def collect_leftovers(marker: str, dead: Callable[[HolderRecord], bool], *, force: bool = False) -> int:
+    """Remove the own-name files (``<marker>.<crc>``) takers left when killed before their link; how many went.
+
+    A taker SIGKILLed between writing its record under its own name and linking it to the
+    marker leaves that file, and nobody ever uses the name again (it is derived from the dead
+    taker's record).  One goes only when it is exactly what sharedfs writes there (a regular
+    file whose record's own name is its name, with no second name: not a marker's), its writer
+    is provably gone (``dead``: the ``sharedfs_holder_alive`` rule; "cannot tell" keeps it),
+    and it is still the file that was read.  Called by a waiter (at most every
+    :data:`COLLECT_EVERY` per directory, unless ``force``) and after breaking a dead holder's
+    marker; ``sharedfs locks`` shows the rest, and ``--clear-dead`` removes them the same way.
+    """
+    directory, base = os.path.split(marker)
+    directory = directory or "."
+    now = time.monotonic()
+    if not force and now - _collected.get(directory, -COLLECT_EVERY) < COLLECT_EVERY:
+        return 0
+    _collected[directory] = now
+    prefix = base + "."
+    removed = 0
+    try:
+        entries = [entry.name for entry in os.scandir(directory)
+                   if entry.name.startswith(prefix) and _OWN_HEX.fullmatch(entry.name, len(prefix))]
+    except OSError:
+        return 0
+    for name in entries:
+        path = os.path.join(directory, name)
+        try:
+            got = read_untrusted(path)
+        except FileNotFoundError:
+            continue
+        if got is None:
+            continue  # not a file sharedfs wrote: cannot tell
+        data, st = got
+        record = HolderRecord.parse(data) if data else None
+        if record is None or own_name(marker, data) != path or st.st_nlink != 1:
+            continue  # not a taker's record under its own name, or still a marker's second name
+        if dead(record) is True and unlink_if_same_quietly(path, identity(st)):
+            removed += 1
+    return removed
+
+
+#: An own name's suffix: the record's crc32 in 8 hex digits.
+_OWN_HEX = re.compile(r"[0-9a-f]{8}")
+
+
+def unlink_if_same_quietly(path: str, file: tuple[int, int]) -> bool:
+    """:func:`~sharedfs.fs.recordfile.unlink_if_same` that answers False instead of raising."""
+    try:
+        return unlink_if_same(path, file)
+    except OSError:
+        return False
 
 
 class NotAllowed(PermissionError):
