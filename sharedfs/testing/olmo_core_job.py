@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from sharedfs.testing.frameworkvenv import cached_venv
 from sharedfs.testing.nodes import node_env
 
-__all__ = ["RANK_PROGRAM", "REQUIREMENTS", "olmo_core_venv", "run_job", "summary"]
+__all__ = ["RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv", "run_job", "start_job", "summary"]
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "olmo_core_requirements.txt"
@@ -43,33 +43,55 @@ def _free_port() -> int:
 def run_job(python: str, target: Path, env: Mapping[str, str], *, local_root: Path, nodes: int = 3,
             per_node: int = 2, timeout: float = 240) -> list[dict[str, Any]]:
     """Every rank saves a checkpoint to ``target``; one report per rank, in rank order (never hangs)."""
+    return start_job(python, target, env, local_root=local_root, nodes=nodes, per_node=per_node).reports(timeout)
+
+
+class Job:
+    """The rank processes of one job, started; :meth:`reports` collects them."""
+
+    def __init__(self, procs: list[subprocess.Popen[str]]) -> None:
+        self.procs = procs
+
+    def reports(self, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        reports = []
+        try:
+            for rank, proc in enumerate(self.procs):
+                try:
+                    out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                    err += f"\nhung: killed after {timeout:.0f} s"
+                reports.append(_report(rank, proc.returncode, out, err))
+        finally:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return reports
+
+
+def start_job(python: str, target: Path, env: Mapping[str, str], *, local_root: Path, nodes: int = 3,
+              per_node: int = 2) -> Job:
+    """Start the ranks (rank ``node * per_node + local`` on node ``n<node>``); collect with :meth:`Job.reports`."""
     port = str(_free_port())
     world = nodes * per_node
-    procs = []
-    for node in range(nodes):
-        for local in range(per_node):
-            penv = node_env(f"n{node}", env, local_root=local_root, RANK=node * per_node + local, WORLD_SIZE=world,
-                            LOCAL_RANK=local, LOCAL_WORLD_SIZE=per_node, NODE_RANK=node, MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=port, OMP_NUM_THREADS=1)
-            procs.append(subprocess.Popen([python, str(RANK_PROGRAM), str(target)], env=penv, cwd="/",
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout
-    reports = []
+    procs: list[subprocess.Popen[str]] = []
     try:
-        for rank, proc in enumerate(procs):
-            try:
-                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                err += f"\nhung: killed after {timeout:.0f} s"
-            reports.append(_report(rank, proc.returncode, out, err))
-    finally:
+        for node in range(nodes):
+            for local in range(per_node):
+                penv = node_env(f"n{node}", env, local_root=local_root, RANK=node * per_node + local,
+                                WORLD_SIZE=world, LOCAL_RANK=local, LOCAL_WORLD_SIZE=per_node, NODE_RANK=node,
+                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=1)
+                procs.append(subprocess.Popen([python, str(RANK_PROGRAM), str(target)], env=penv, cwd="/",
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    except BaseException:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return reports
+            proc.kill()
+            proc.wait()
+        raise
+    return Job(procs)
 
 
 def _report(rank: int, code: int, out: str, err: str) -> dict[str, Any]:
