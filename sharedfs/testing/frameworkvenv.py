@@ -49,8 +49,7 @@ def _pip(root: Path, *args: str) -> None:
         raise VenvBuildError(f"pip {' '.join(args)} failed in {root}:\n{tail}")
 
 
-def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = lambda line: None,
-                after_build: Callable[[Path], None] | None = None) -> Path:
+def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = lambda line: None) -> Path:
     """The venv ``<cache>/<name>-<hash>`` with ``requirements`` installed; built now if missing (``note`` says so)."""
     key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
     cache = cache_dir()
@@ -63,22 +62,22 @@ def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = 
             shutil.rmtree(root, ignore_errors=True)  # a half-built venv from an interrupted run
             venv.EnvBuilder(with_pip=True, clear=True).create(root)
             _pip(root, "install", "-r", str(requirements))
-            if after_build is not None:
-                after_build(root)
             (root / ".complete").touch()
     return root
 
 
-def install_sharedfs(root: Path, source: Path) -> None:
+def install_sharedfs(root: Path, source: Path, *, then: Callable[[Path], None] | None = None) -> None:
     """Install sharedfs (a wheel, or a source checkout) into ``root`` over whatever sharedfs it had.
 
     ``--no-deps``: the stack's pins stay as they are (sharedfs's own dependencies are in its
-    requirements file); under the venv's lock, so two installers do not interleave.
+    requirements file).  Under the venv's lock, so two installers do not interleave; ``then(root)``
+    runs under it too (one-time set-up a stack needs done by one process).
     """
-    key = root.name
-    with open(root.parent / f"{key}.lock", "w") as guard:
+    with open(root.parent / f"{root.name}.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         _pip(root, "install", "--no-deps", "--force-reinstall", str(source))
+        if then is not None:
+            then(root)
 
 
 def source_checkout() -> Path | None:

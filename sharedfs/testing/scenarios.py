@@ -328,7 +328,7 @@ def visibility_timeout(sim: Sim) -> tuple[Outcome, Outcome]:
     # Both jobs at once, each in its own directory of the one mount (the lag is per entry): the demo waits for
     # the slower one instead of both.
     jobs = [start_job(python_of(root), path / f"checkpoint-{name}", {**env, **extra},
-                      local_root=sim.work / f"node-local-{name}", nodes=2, per_node=2)
+                      local_root=sim.work / f"olmo-core-nodes-{name}", nodes=2, per_node=2)
             for name, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("sharedfs", {}))]
     outcomes = []
     for job in jobs:

@@ -48,7 +48,8 @@ TORCH_WITHOUT_FUSE = _torch_without_fuse()
 
 #: What the product may not cite: documents users cannot open, and paths of the machine that built it.
 UNREACHABLE = re.compile(r"failures\.md|DESIGN\.md|harness\.md|seed \d{3}|/work/|/root/\.|shared/research")
-DEMO_BUDGET_SECONDS = 90
+#: The OLMo#829 scenario alone takes ~30-50 s: 8 processes import torch and OLMo-core, and the lag is 13 s.
+DEMO_BUDGET_SECONDS = 150
 
 
 def demo(*args: str, expect: int = 0, python: str = sys.executable) -> dict:
