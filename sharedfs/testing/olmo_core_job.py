@@ -7,7 +7,8 @@ unchanged, no sharedfs call) in ``nodes x per_node`` processes of the OLMo-core
 venv (:func:`olmo_core_venv`), each on its simulated node (``SHAREDFS_NODE_ID``,
 its own node-local root: :mod:`sharedfs.testing.nodes`), joined by
 ``torch.distributed`` over gloo on the loopback.  The demo's scenario and
-tests/integration/test_olmo_core.py both use it.
+tests/integration/test_olmo_core.py both use it; tests/integration/test_olmo.py runs
+OLMo's (ai2-olmo) checkpointer the same way (:data:`OLMO_RANK_PROGRAM`, :func:`olmo_venv`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from typing import Any, Callable, Mapping
 from sharedfs.testing.frameworkvenv import cached_venv
 from sharedfs.testing.nodes import node_env
 
-__all__ = ["RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv", "run_job", "start_job", "summary"]
+__all__ = ["OLMO_RANK_PROGRAM", "OLMO_REQUIREMENTS", "RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv",
+           "olmo_venv", "run_job", "start_job", "summary"]
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "olmo_core_requirements.txt"
 RANK_PROGRAM = HERE / "olmo_core_rank.py"
+#: The same job for OLMo (ai2-olmo): its checkpointer's temporary-directory dance (tests/integration/test_olmo.py).
+OLMO_REQUIREMENTS = HERE / "olmo_requirements.txt"
+OLMO_RANK_PROGRAM = HERE / "olmo_rank.py"
+
+
+def olmo_venv(note: Callable[[str], None] = lambda line: None) -> Path:
+    """The pinned OLMo (ai2-olmo 0.6.0) stack's venv: its own, as it pins ai2-olmo-core 0.1.0 and numpy<2."""
+    return cached_venv("olmo", OLMO_REQUIREMENTS, note=note)
 
 
 def olmo_core_venv(note: Callable[[str], None] = lambda line: None) -> Path:
@@ -41,9 +51,10 @@ def _free_port() -> int:
 
 
 def run_job(python: str, target: Path, env: Mapping[str, str], *, local_root: Path, nodes: int = 3,
-            per_node: int = 2, timeout: float = 240) -> list[dict[str, Any]]:
+            per_node: int = 2, timeout: float = 240, program: Path = RANK_PROGRAM) -> list[dict[str, Any]]:
     """Every rank saves a checkpoint to ``target``; one report per rank, in rank order (never hangs)."""
-    return start_job(python, target, env, local_root=local_root, nodes=nodes, per_node=per_node).reports(timeout)
+    return start_job(python, target, env, local_root=local_root, nodes=nodes, per_node=per_node,
+                     program=program).reports(timeout)
 
 
 class Job:
@@ -73,8 +84,9 @@ class Job:
 
 
 def start_job(python: str, target: Path, env: Mapping[str, str], *, local_root: Path, nodes: int = 3,
-              per_node: int = 2) -> Job:
-    """Start the ranks (rank ``node * per_node + local`` on node ``n<node>``); collect with :meth:`Job.reports`."""
+              per_node: int = 2, program: Path = RANK_PROGRAM) -> Job:
+    """Start ``program`` (a rank program printing one JSON report, as :data:`RANK_PROGRAM`) in every rank:
+    rank ``node * per_node + local`` on node ``n<node>``.  Collect with :meth:`Job.reports`."""
     port = str(_free_port())
     world = nodes * per_node
     procs: list[subprocess.Popen[str]] = []
@@ -84,7 +96,7 @@ def start_job(python: str, target: Path, env: Mapping[str, str], *, local_root: 
                 penv = node_env(f"n{node}", env, local_root=local_root, RANK=node * per_node + local,
                                 WORLD_SIZE=world, LOCAL_RANK=local, LOCAL_WORLD_SIZE=per_node, NODE_RANK=node,
                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=1)
-                procs.append(subprocess.Popen([python, str(RANK_PROGRAM), str(target)], env=penv, cwd="/",
+                procs.append(subprocess.Popen([python, str(program), str(target)], env=penv, cwd="/",
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     except BaseException:
         for proc in procs:
