@@ -117,15 +117,23 @@ def _report(rank: int, code: int, out: str, err: str) -> dict[str, Any]:
             "returncode": code, "stderr": err}
 
 
+#: How a failed rank's error is counted, in the order the summary lists them: the filesystem's failures first.
+ORDER = ("TimeoutError", "FileExistsError")
+
+
 def summary(reports: list[dict[str, Any]]) -> str:
-    """``"6/6 ranks saved"`` or ``"2/6 ranks saved; 4 TimeoutError: timed out Waiting on ..."``."""
+    """``"6/6 ranks saved"`` or ``"0/6 ranks saved; 4 TimeoutError, 2 lost a peer (RuntimeError)"``."""
     saved = sum(1 for r in reports if r["ok"])
     text = f"{saved}/{len(reports)} ranks saved"
     kinds: dict[str, int] = {}
     for r in reports:
         if not r["ok"]:
-            kind = str(r["error"]).partition(":")[0]
+            error = str(r["error"])
+            kind = error.partition(":")[0]
+            if "closed by peer" in error or "Connection reset" in error:
+                kind = f"lost a peer ({kind})"  # gloo: another rank died first
             kinds[kind] = kinds.get(kind, 0) + 1
+    rank = {kind: (ORDER.index(kind) if kind in ORDER else len(ORDER)) for kind in kinds}
     if kinds:
-        text += "; " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+        text += "; " + ", ".join(f"{kinds[kind]} {kind}" for kind in sorted(kinds, key=lambda k: (rank[k], -kinds[k])))
     return text

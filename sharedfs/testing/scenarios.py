@@ -337,7 +337,7 @@ def visibility_timeout(sim: Sim) -> tuple[Outcome, Outcome]:
         timeouts = [r["error"] for r in reports if str(r["error"]).startswith("TimeoutError")]
         evidence = summary(reports)
         if timeouts:
-            evidence += f" ({timeouts[0][:120]})"
+            evidence += f": {timeouts[0][:120]}"
         elif saved:
             slowest = max(r["seconds"] for r in reports)
             evidence += f", the last after {slowest:.0f} s ({OLMO_CORE_LAG_MS // 1000} s lag)"
