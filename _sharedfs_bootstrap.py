@@ -48,6 +48,11 @@ TARGETS = {
     "torch.cpp_ext": "torch.utils.cpp_extension",
     "torch.filelock": "torch.utils._filelock",
     "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
+    "olmo": "olmo.util",  # wait_for; olmo.checkpoint binds it by name after
+    "olmo_core": "olmo_core.utils",  # wait_for, imported before the modules that bind it by name
+    # Where OLMo-core is handed a checkpoint directory (OLMO_SHARED_FS); patched when the program imports them.
+    "olmo_core.checkpoint": "olmo_core.distributed.checkpoint",
+    "olmo_core.train": "olmo_core.train.checkpoint",
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

@@ -48,7 +48,8 @@ TORCH_WITHOUT_FUSE = _torch_without_fuse()
 
 #: What the product may not cite: documents users cannot open, and paths of the machine that built it.
 UNREACHABLE = re.compile(r"failures\.md|DESIGN\.md|harness\.md|seed \d{3}|/work/|/root/\.|shared/research")
-DEMO_BUDGET_SECONDS = 90
+#: The OLMo#829 scenario alone takes ~30-50 s: 8 processes import torch and OLMo-core, and the lag is 13 s.
+DEMO_BUDGET_SECONDS = 150
 
 
 def demo(*args: str, expect: int = 0, python: str = sys.executable) -> dict:
@@ -129,7 +130,7 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
         assert f"-m pip install {shlex.quote(scenarios.DISTRIBUTIONS[module])}" in scenario["install"], scenario
         assert "pip install 'sharedfs[demo]'" in scenario["install"]
     for name in ("flock that excludes one node only (GPFS, localflock)", "8 ranks makedirs on a lagging filesystem",
-                 "rank 0 made a dir, other node waits 1 s"):
+                 "rank 0 made a dir, other node waits 10 s (OLMo-core)"):
         assert "(--no-fuse given)" in by_name[name]["skipped"], by_name[name]
     ran = [s for s in report["scenarios"] if s["verdict"] != "skipped"]
     assert {s["name"] for s in ran} == {"lock of a killed job on another node", "a live lock is never broken"}
@@ -192,14 +193,14 @@ def _run_on_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
 
 
 def test_progress_is_live_on_a_terminal_and_plain_lines_when_piped() -> None:
-    only = ["--only", "rank 0 made a dir"]  # one quick FUSE scenario that takes over 2 s
+    only = ["--only", "rank 0 made a dir"]  # one FUSE scenario that takes over 2 s
     code, screen = _run_on_terminal([sys.executable, "-m", "sharedfs", "demo", *only])
     assert code == 0, screen
     # Redrawn in place while it runs: the scenario's own seconds and the total, then the final line.
-    live = re.findall(r"\r\x1b\[K\[1/1\] rank 0 made a dir, other node waits 1 s \.\.\. (\d+\.\d) s \((\d+) s elapsed\)",
+    live = re.findall(r"\r\x1b\[K\[1/1\] rank 0 made a dir, other node waits 10 s \(OLMo-core\) \.\.\. (\d+\.\d) s \((\d+) s elapsed\)",
                       screen)
     assert len({seconds for seconds, _ in live}) >= 3, screen
-    assert re.search(r"\[1/1\] rank 0 made a dir, other node waits 1 s: fixed \(\d+\.\d s; \d+ s elapsed\)", screen)
+    assert re.search(r"\[1/1\] rank 0 made a dir, other node waits 10 s \(OLMo-core\): fixed \(\d+\.\d s; \d+ s elapsed\)", screen)
 
     piped = subprocess.run([sys.executable, "-m", "sharedfs", "demo", *only], check=False, capture_output=True, text=True,
                            env=clean_env(), timeout=300, cwd="/tmp")
@@ -207,7 +208,7 @@ def test_progress_is_live_on_a_terminal_and_plain_lines_when_piped() -> None:
     assert "\r" not in piped.stderr and "\x1b" not in piped.stderr
     assert piped.stderr.splitlines() == [
         "sharedfs demo: 1 scenario(s); simulated cluster filesystem = FUSE filesystems (hostilefs)",
-        *re.findall(r"\[1/1\] rank 0 made a dir, other node waits 1 s: fixed \(\d+\.\d s; \d+ s elapsed\)",
+        *re.findall(r"\[1/1\] rank 0 made a dir, other node waits 10 s \(OLMo-core\): fixed \(\d+\.\d s; \d+ s elapsed\)",
                     piped.stderr)]
 
 

@@ -16,8 +16,6 @@ built once and reused across sessions (``SHAREDFS_TEST_VENV_CACHE``, default
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -28,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, clean_env, make_venv
+from conftest import Venv, clean_env
 
+from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -43,24 +42,17 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFL
 @pytest.fixture(scope="session")
 def xtuner_venv(sharedfs_wheel: Path) -> Venv:
     """A venv with the pinned XTuner stack (built once per requirements file) and this sharedfs wheel."""
-    key = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("SHAREDFS_TEST_VENV_CACHE", "/var/tmp/sharedfs-test-venvs"))
-    cache.mkdir(parents=True, exist_ok=True)
-    root = cache / f"xtuner-{key}"
-    with open(cache / f"xtuner-{key}.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # two sessions must not build the same venv at once
-        if not (root / ".complete").exists():
-            shutil.rmtree(root, ignore_errors=True)  # a half-built venv from an interrupted run
-            make_venv(root, "-r", str(REQUIREMENTS))
-            (root / ".complete").touch()
+    def finish(root: Path) -> None:
         env = Venv(root)
-        env.pip("install", "--no-deps", "--force-reinstall", str(sharedfs_wheel))
         env.pip("install", str(sharedfs_wheel))  # its own dependencies (pluggy, ...) if missing
         # yapf (mmengine's Config.pretty_text) writes its grammar pickle on first use, unlocked and in
         # place: two ranks starting on a fresh install can read it half-written (EOFError).  Not ours
         # to fix here: make it once, in one process.
         env.run("from yapf.yapflib.yapf_api import FormatCode; FormatCode('a = 1\\n')")
-    return env
+
+    root = cached_venv("xtuner", REQUIREMENTS)
+    install_sharedfs(root, sharedfs_wheel, then=finish)
+    return Venv(root)
 
 
 @pytest.fixture(scope="session")

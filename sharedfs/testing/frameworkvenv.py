@@ -1,0 +1,88 @@
+"""Virtual environments for framework stacks that cannot share the main environment, built once and reused.
+
+Some frameworks pin what the main environment cannot have (OLMo-core, through
+cached-path, needs ``filelock<4`` and ``huggingface-hub<2``).  Their tests and
+demo scenarios run in a venv of their own, built from a fully pinned
+requirements file and kept under ``SHAREDFS_TEST_VENV_CACHE`` (default
+``/var/tmp/sharedfs-test-venvs``) as ``<name>-<hash of the file>``: a changed
+pin builds a new one, an interrupted build is thrown away, and two builders
+wait for each other (a ``flock`` beside it).  sharedfs itself is installed
+into it separately (:func:`install_sharedfs`), so one stack serves every
+checkout and wheel.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["CACHE_ENV", "DEFAULT_CACHE", "cached_venv", "install_sharedfs", "python_of", "source_checkout"]
+
+CACHE_ENV = "SHAREDFS_TEST_VENV_CACHE"
+DEFAULT_CACHE = "/var/tmp/sharedfs-test-venvs"
+HERE = Path(__file__).resolve().parent
+
+
+class VenvBuildError(RuntimeError):
+    """pip could not build the stack; the message has pip's last lines."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def python_of(root: Path) -> str:
+    return str(root / "bin" / "python")
+
+
+def _pip(root: Path, *args: str) -> None:
+    proc = subprocess.run([python_of(root), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise VenvBuildError(f"pip {' '.join(args)} failed in {root}:\n{tail}")
+
+
+def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = lambda line: None) -> Path:
+    """The venv ``<cache>/<name>-<hash>`` with ``requirements`` installed; built now if missing (``note`` says so)."""
+    key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    root = cache / f"{name}-{key}"
+    with open(cache / f"{name}-{key}.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # two sessions must not build the same venv at once
+        if not (root / ".complete").exists():
+            note(f"building the {name} environment once (pip, pinned in {requirements.name}; kept in {root})")
+            shutil.rmtree(root, ignore_errors=True)  # a half-built venv from an interrupted run
+            venv.EnvBuilder(with_pip=True, clear=True).create(root)
+            _pip(root, "install", "-r", str(requirements))
+            (root / ".complete").touch()
+    return root
+
+
+def install_sharedfs(root: Path, source: Path, *, then: Callable[[Path], None] | None = None) -> None:
+    """Install sharedfs (a wheel, or a source checkout) into ``root`` over whatever sharedfs it had.
+
+    ``--no-deps``: the stack's pins stay as they are (sharedfs's own dependencies are in its
+    requirements file).  Under the venv's lock, so two installers do not interleave; ``then(root)``
+    runs under it too (one-time set-up a stack needs done by one process).
+    """
+    with open(root.parent / f"{root.name}.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        _pip(root, "install", "--no-deps", "--force-reinstall", str(source))
+        if then is not None:
+            then(root)
+
+
+def source_checkout() -> Path | None:
+    """The sharedfs source tree this package runs from (an editable install or a clone), if it is one."""
+    root = HERE.parents[1]
+    if (root / "pyproject.toml").is_file() and (root / "_sharedfs_bootstrap.py").is_file():
+        return root
+    return None

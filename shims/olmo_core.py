@@ -1,0 +1,185 @@
+"""OLMo-core: waits for a directory another rank made get sharedfs's budget; one creator per shared filesystem.
+
+What OLMo-core 3.0 does on a cluster filesystem (OLMo#829, OLMo#894):
+
+* ``olmo_core.utils.wait_for(condition, description, timeout=10.0)`` polls every
+  0.5 s and raises ``TimeoutError("timed out ...")`` after a fixed 10 s.  Checkpoint
+  preparation (``olmo_core.distributed.checkpoint._prepare_env_for_save``) calls
+  it on every rank with ``Path(dir).exists`` after rank 0 made ``dir``; NFS and
+  Lustre attribute and negative-lookup caches hide a new directory from other
+  nodes for longer, and those ranks die.  ``olmo_core.distributed.checkpoint``,
+  ``olmo_core.train.checkpoint`` and ``olmo_core.train.callbacks.checkpointer``
+  bind ``wait_for`` by name;
+* ``get_fs_local_rank`` treats each node as its own filesystem unless the user
+  sets ``OLMO_SHARED_FS=1``: on a shared filesystem every node's local rank 0 then
+  creates the same directory, and a node whose cache still hides the first one
+  gets ``FileExistsError`` from ``mkdir(exist_ok=True)``.
+
+The ``olmo_core`` shim replaces ``wait_for`` (in ``olmo_core.utils``, before any
+module binds it, and in any ``olmo_core`` module that bound it already): the
+budget is ``max(timeout, SHAREDFS_WAIT_TIMEOUT)``, a condition that is a path's
+own check is waited for as that path (:mod:`sharedfs.cluster.conditions`: one
+waiter per node looks, the parent is re-listed), and the ``TimeoutError`` keeps
+OLMo-core's message and adds where, on what and what to change.  The
+``olmo_core.checkpoint`` and ``olmo_core.train`` shims set ``OLMO_SHARED_FS=1``
+for the process when the checkpoint directory they are handed is on a filesystem
+sharedfs classifies as shared, and the user has not set it (:func:`share_filesystem`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable
+
+from sharedfs.errors import WaitTimeout
+from sharedfs.machinery.log import decision
+from sharedfs.machinery.shim import Patcher
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+
+#: Written for and tested with ai2-olmo-core 3.0.0 (``wait_for``, ``_prepare_env_for_save`` and
+#: ``Checkpointer._prepare_dir`` have this shape throughout 3.x).
+SUPPORTED = ">=3.0,<4"
+DISTRIBUTION = "ai2-olmo-core"
+#: OLMo-core's own variable (``olmo_core.distributed.utils.OLMO_SHARED_FS_ENV_VAR``).
+SHARED_FS_VAR = "OLMO_SHARED_FS"
+
+
+class OlmoCoreShim(Shim):
+    name = "olmo_core"
+    target = "olmo_core.utils"
+    distribution = DISTRIBUTION
+    supported = SUPPORTED
+
+    _original: Callable[..., Any] | None = None
+    _replacement: Callable[..., None] | None = None
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        original = module.wait_for
+        self._original = original
+        self._replacement = make_wait_for(original, policy)
+        self.patcher.setattr(module, "wait_for", self._replacement)
+        # Normally nothing has bound it yet (olmo_core.utils is imported first); a module that did keeps
+        # the original unless rebound here.
+        for owner in olmo_core_modules():
+            if owner is not module and getattr(owner, "wait_for", None) is original:
+                self.patcher.setattr(owner, "wait_for", self._replacement)
+
+    def unpatch(self) -> None:
+        # Modules imported after the patch bound the replacement themselves: hand them the original back too.
+        replacement = getattr(self, "_replacement", None)
+        if replacement is not None:
+            for owner in olmo_core_modules():
+                if getattr(owner, "wait_for", None) is replacement:
+                    setattr(owner, "wait_for", self._original)  # noqa: B010 - a module attribute, any module
+            self._replacement = None
+        super().unpatch()
+
+
+class OlmoCoreCheckpointShim(Shim):
+    """``_prepare_env_for_save(dir, ...)``: the directory every ``save_*`` entry point prepares."""
+
+    name = "olmo_core.checkpoint"
+    target = "olmo_core.distributed.checkpoint"
+    distribution = DISTRIBUTION
+    supported = SUPPORTED
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        # save_state_dict and save_model_and_optim_state (and their async forms) look it up in the module.
+        self.patcher.setattr(module, "_prepare_env_for_save",
+                             sharing_first(module._prepare_env_for_save, self.patcher))
+
+
+class OlmoCoreTrainShim(Shim):
+    """``Checkpointer._prepare_dir(dir, ...)``: the trainer does not go through ``_prepare_env_for_save``."""
+
+    name = "olmo_core.train"
+    target = "olmo_core.train.checkpoint"
+    distribution = DISTRIBUTION
+    supported = SUPPORTED
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        checkpointer = module.Checkpointer
+        original = checkpointer._prepare_dir
+        patcher = self.patcher
+
+        @functools.wraps(original)
+        def _prepare_dir(self: Any, dir: Any, *args: Any, **kwargs: Any) -> Any:
+            share_filesystem(dir, patcher)
+            return original(self, dir, *args, **kwargs)
+
+        self.patcher.setattr(checkpointer, "_prepare_dir", _prepare_dir)
+
+
+def olmo_core_modules() -> list[ModuleType]:
+    """The ``olmo_core`` modules imported so far (already loaded: nothing is imported here)."""
+    return [m for name, m in list(sys.modules.items())
+            if isinstance(m, ModuleType) and (name == "olmo_core" or name.startswith("olmo_core."))]
+
+
+def make_wait_for(original: Callable[..., Any], policy: Policy) -> Callable[..., None]:
+    budget_floor = policy.wait_timeout
+
+    @functools.wraps(original)
+    def wait_for(condition: Callable[[], bool], description: str, timeout: float = 10.0) -> None:
+        """sharedfs: OLMo-core's ``wait_for`` with a budget of ``max(timeout, SHAREDFS_WAIT_TIMEOUT)``.
+
+        One waiter per node looks when ``condition`` is a path's own check, and the ``TimeoutError``
+        names the path, the node, the filesystem and the setting (OLMo#829).
+        """
+        from sharedfs.cluster import conditions
+
+        try:
+            conditions.wait(condition, max(float(timeout), budget_floor), what=str(description))
+        except WaitTimeout as exc:
+            # OLMo-core's message first (what its users and logs grep for), then ours.
+            raise WaitTimeout(f"timed out {description}: {exc}") from None
+
+    return wait_for
+
+
+def share_filesystem(directory: Any, patcher: Patcher) -> None:
+    """Set ``OLMO_SHARED_FS=1`` when ``directory`` (a checkpoint directory) is on a shared filesystem.
+
+    The one place this shim decides it.  Why: OLMo-core's ``get_fs_local_rank`` otherwise makes
+    each node's local rank 0 create and clear the same shared directory, and a node whose
+    cache still hides the first ``mkdir`` gets ``FileExistsError`` (the lagging-cache state of
+    OLMo#829).  A value the user set (``1``, ``0`` or anything else) is never overridden, and
+    URLs (object stores) are left alone.  Every rank classifies the same mount, so all agree.
+    """
+    if SHARED_FS_VAR in os.environ:
+        return
+    text = os.fspath(directory) if isinstance(directory, os.PathLike) else str(directory)
+    if "://" in text:
+        return
+    from sharedfs.machinery import choices
+
+    path = os.path.abspath(text)
+    try:
+        fs = choices.filesystem(path)
+    except OSError:
+        return  # cannot tell: OLMo-core's own default stands
+    if not fs.shared:
+        return
+    patcher.setitem(os.environ, SHARED_FS_VAR, "1")
+    decision(f"{SHARED_FS_VAR}=1 for this process: checkpoint directory {path} is on {fs.kind} "
+             f"({fs.mount.fstype} {fs.mount.mount_point}), shared by every node, so one rank creates it "
+             f"instead of one per node (set {SHARED_FS_VAR} yourself to choose otherwise)")
+
+
+def sharing_first(original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
+    """``original(dir, ...)``, after :func:`share_filesystem` has looked at ``dir``."""
+
+    @functools.wraps(original)
+    def prepare(dir: Any, *args: Any, **kwargs: Any) -> Any:
+        share_filesystem(dir, patcher)
+        return original(dir, *args, **kwargs)
+
+    return prepare
+
+
+@hookimpl
+def sharedfs_register_shims() -> list[Shim]:
+    return [OlmoCoreShim(), OlmoCoreCheckpointShim(), OlmoCoreTrainShim()]
