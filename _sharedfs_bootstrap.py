@@ -48,6 +48,7 @@ TARGETS = {
     "torch.cpp_ext": "torch.utils.cpp_extension",
     "torch.filelock": "torch.utils._filelock",
     "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
+    "makedirs": "torch.distributed",  # os.makedirs / Path.mkdir; also applied with any other shim
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

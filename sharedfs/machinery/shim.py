@@ -90,8 +90,10 @@ class Shim:
     name: ClassVar[str]
     #: The module whose import triggers this shim.
     target: ClassVar[str]
-    #: The distribution whose installed metadata gives the version.
-    distribution: ClassVar[str]
+    #: The distribution whose installed metadata gives the version; ``None`` for a shim of the
+    #: standard library, gated on the interpreter instead (``supported`` is then a range of CPython
+    #: versions: the standard library's code is what it changes).
+    distribution: ClassVar[str | None]
     #: PEP 440 specifier set of the versions this shim was written and tested for.
     supported: ClassVar[str]
     #: The environment variable through which users choose this framework's cache
@@ -114,13 +116,21 @@ class Shim:
             return
         if self.applied:
             self.unpatch()
-        module = sys.modules[self.target]
+        module = self.module()
         try:
             self.apply(module, policy, context or ShimContext())
         except BaseException:
             self.patcher.restore()  # never leave a framework half-patched
             raise
         self.policy = policy
+
+    def module(self) -> ModuleType:
+        """What :meth:`apply` changes: the target, which is imported by the time a shim is applied.
+
+        A shim of the standard library (:attr:`distribution` ``None``) may be applied before its
+        target is imported (``startup/activation.py``'s ``COMPANIONS``) and names its module itself.
+        """
+        return sys.modules[self.target]
 
     def unpatch(self) -> None:
         """Restore every attribute and setting :meth:`patch` changed."""
