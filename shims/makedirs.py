@@ -95,7 +95,8 @@ def _awaited(exc: OSError, exist_ok: bool) -> str | None:
     return path if shared else None
 
 
-def _recover(exc: OSError, exist_ok: bool, retry: Callable[[], Any], timeout: float) -> OSError | None:
+def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: tuple[Any, ...],
+             timeout: float) -> OSError | None:
     """Wait and retry where ``exc`` is a shared filesystem's lag; None once a retry succeeded, else what to raise."""
     current = exc
     awaited = _awaited(current, exist_ok)
@@ -120,7 +121,7 @@ def _recover(exc: OSError, exist_ok: bool, retry: Callable[[], Any], timeout: fl
             if isinstance(current, FileExistsError) and not os.path.isdir(awaited):
                 break  # visible and not a directory: something else is in the way, as the stdlib said
             try:
-                retry()
+                original(*args)
             except (FileExistsError, FileNotFoundError) as again:
                 current = again
             else:
@@ -160,7 +161,9 @@ def guard_makedirs(original: Callable[..., None], timeout: float) -> Callable[..
         try:
             return original(name, mode, exist_ok)
         except (FileExistsError, FileNotFoundError) as exc:
-            raised = _recover(exc, exist_ok, lambda: original(name, mode, exist_ok), timeout)
+            # The arguments are passed on, never captured by a closure: a closure over them would make
+            # them cells, which every call (the success path too) would pay for.
+            raised = _recover(exc, exist_ok, original, (name, mode, exist_ok), timeout)
             if raised is exc:
                 raise
             if raised is not None:
@@ -178,7 +181,7 @@ def guard_mkdir(original: Callable[..., None], timeout: float) -> Callable[..., 
         try:
             return original(self, mode, parents, exist_ok)
         except (FileExistsError, FileNotFoundError) as exc:
-            raised = _recover(exc, exist_ok, lambda: original(self, mode, parents, exist_ok), timeout)
+            raised = _recover(exc, exist_ok, original, (self, mode, parents, exist_ok), timeout)
             if raised is exc:
                 raise
             if raised is not None:

@@ -145,6 +145,14 @@ dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_
 steps = {}
 
 
+def describe(exc):
+    """The exception in one line, its path relative to the shared directory (the evidence says which)."""
+    if isinstance(exc, OSError) and isinstance(exc.filename, str):
+        where = os.path.relpath(exc.filename, os.path.dirname(dump_dir))
+        return f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}: {where!r}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def step(name, call):
     try:
         call()
@@ -155,16 +163,17 @@ def step(name, call):
         if failures:
             first = next(iter(failures.values()))
             inner = first[0] if isinstance(first, tuple) else first
-            exc_text = f"{type(exc).__name__} (ranks {sorted(failures)}: {type(inner).__name__}: {inner})"
+            exc_text = f"{type(exc).__name__} (ranks {sorted(failures)}: {describe(inner)})"
         else:
-            exc_text = f"{type(exc).__name__}: {exc}"
+            exc_text = describe(exc)
         steps[name] = exc_text.splitlines()[0][:200]
     else:
         steps[name] = "ok"
 
 
 def lingua():
-    step("lingua CheckpointManager", lambda: CheckpointManager(CheckpointArgs(path=os.path.join(dump_dir, "checkpoints"))))
+    checkpoint_args = CheckpointArgs(path=os.path.join(dump_dir, "checkpoints"))
+    step("lingua CheckpointManager", lambda: CheckpointManager(checkpoint_args))
 
     def profile():
         with maybe_run_profiler(dump_dir, None, ProfilerArgs(run=True)):
@@ -235,5 +244,5 @@ def evidence(results: list[dict[str, str]]) -> str:
     """One line: each step's successes out of six, and what the first failure said."""
     parts = []
     for name, (ok, failure) in tally(results).items():
-        parts.append(f"{name} {ok}/{len(results)}" + (f" ({failure[:90]})" if failure else ""))
+        parts.append(f"{name} {ok}/{len(results)}" + (f" ({failure[:120]})" if failure else ""))
     return "; ".join(parts)

@@ -277,7 +277,7 @@ def node_local_flock(sim: Sim) -> tuple[Outcome, Outcome]:
 # -- metadata that lags between nodes ------------------------------------------------------------
 
 def makedirs_race(sim: Sim) -> tuple[Outcome, Outcome]:
-    """lingua's makedirs and torch DCP's save, unchanged, from 6 ranks on 3 nodes: ``SHAREDFS_DISABLE=1``, then sharedfs.
+    """lingua's makedirs and torch DCP's save, unchanged, from 6 ranks on 3 nodes: without sharedfs, then with it.
 
     The programs make no ``sharedfs.`` call (:mod:`sharedfs.testing.scenario_makedirs`): sharedfs's
     ``makedirs`` shim is what changes between the two runs.
