@@ -90,7 +90,7 @@ def _awaited(exc: OSError, exist_ok: bool) -> str | None:
         path = ancestor
     try:
         shared = choices.filesystem(path).shared
-    except OSError:
+    except (OSError, LookupError):
         return None  # cannot tell: the standard library's answer stands
     return path if shared else None
 
@@ -99,6 +99,8 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
              timeout: float) -> OSError | None:
     """Wait and retry where ``exc`` is a shared filesystem's lag; None once a retry succeeded, else what to raise."""
     current = exc
+    if _waited_out(current):  # a parent's guard waited the whole timeout for it (Path.mkdir lets it through)
+        return current
     awaited = _awaited(current, exist_ok)
     if awaited is None:
         _remember(current, None)
@@ -113,7 +115,7 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
             try:
                 wait_for(awaited, max(0.0, deadline - time.monotonic()), what=f"directory {awaited}")
             except WaitTimeout as gave_up:
-                note = (f"sharedfs: mkdir of {awaited} answered EEXIST but the directory stayed invisible on "
+                note = (f"{NOTE}mkdir of {awaited} answered EEXIST but the directory stayed invisible on "
                         f"this node (a shared filesystem's metadata lagging behind the node that made it): {gave_up}")
                 _annotate(current, note)
                 _remember(current, note)
@@ -144,13 +146,24 @@ def _remember(exc: OSError, note: str | None) -> None:
         _recent.eexist = (_absolute(exc.filename), note)
 
 
+#: How every note the guard adds begins: an exception carrying one was waited for already.
+NOTE = "sharedfs: "
+
+
 def _annotate(exc: BaseException, note: str) -> None:
-    add_note = getattr(exc, "add_note", None)  # Python 3.11+ (PEP 678)
-    if add_note is not None:
-        if note not in getattr(exc, "__notes__", ()):
-            add_note(note)
+    """Add ``note`` (PEP 678); before Python 3.11, which shows no notes, also log it."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is not None and note in notes:
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
     else:
+        exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined]
         log.warning("%s", note)
+
+
+def _waited_out(exc: BaseException) -> bool:
+    return any(str(note).startswith(NOTE) for note in getattr(exc, "__notes__", ()))
 
 
 def guard_makedirs(original: Callable[..., None], timeout: float) -> Callable[..., None]:

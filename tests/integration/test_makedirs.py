@@ -73,17 +73,21 @@ def _other_node(target: Path, kind: str, extra: dict[str, str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["os", "pathlib"])
-def test_a_wait_that_times_out_raises_the_callers_exception_saying_what_to_raise(hostile_mount, kind: str) -> None:
-    """On timeout the caller still gets FileExistsError (its except clauses expect it), with a note naming the setting."""
+@pytest.mark.parametrize(("kind", "relative"), [("os", "run"), ("pathlib", "run"), ("os", "run/sub/deeper"),
+                                                ("pathlib", "run/sub/deeper")])
+def test_a_wait_that_times_out_raises_the_callers_exception_saying_what_to_raise(hostile_mount, kind: str,
+                                                                                 relative: str) -> None:
+    """On timeout the caller still gets its exception (its except clauses expect that type), with one note naming
+    the setting: one wait per call, however deep the path (each level of Path.mkdir sees the parent's error)."""
     mount = hostile_mount("lagging", lag_ms=60_000)  # longer than the wait: the directory stays hidden
     (Path(mount.path) / "run").mkdir()  # made by this process: node "local", not n1
 
-    stock = _other_node(Path(mount.path) / "run", kind, {"SHAREDFS_DISABLE": "1"})
-    assert stock["type"] == "FileExistsError" and stock["notes"] == [], stock
+    stock = _other_node(Path(mount.path) / relative, kind, {"SHAREDFS_DISABLE": "1"})
+    expected = "FileNotFoundError" if (kind, relative) == ("os", "run/sub/deeper") else "FileExistsError"
+    assert stock["type"] == expected and stock["notes"] == [], stock
 
-    waited = _other_node(Path(mount.path) / "run", kind, {"SHAREDFS_WAIT_TIMEOUT": "1"})
-    assert waited["type"] == "FileExistsError" and waited["str"] == stock["str"], waited
+    waited = _other_node(Path(mount.path) / relative, kind, {"SHAREDFS_WAIT_TIMEOUT": "1"})
+    assert waited["type"] == expected and waited["str"] == stock["str"], waited
     (note,) = waited["notes"]
     assert "answered EEXIST but the directory stayed invisible on this node" in note, note
     assert "raise SHAREDFS_WAIT_TIMEOUT" in note and "on node n1" in note, note
