@@ -36,14 +36,13 @@ import functools
 import logging
 import os
 import pathlib
-import threading
 import time
 from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.cluster.dirs import wait_for
 from sharedfs.errors import WaitTimeout
-from sharedfs.machinery import choices
+from sharedfs.machinery import choices, pending
 from sharedfs.machinery.log import decision
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
@@ -54,20 +53,9 @@ FIRST_PAUSE = 0.01
 MAX_PAUSE = 1.0
 
 
-class _Recent(threading.local):
-    #: The last FileExistsError a guard of this thread let through: (path, the note saying sharedfs
-    #: waited it out, or None).  os.makedirs swallows a parent's FileExistsError and then fails on
-    #: the child with FileNotFoundError: the child's guard looks here to know the parent answered EEXIST.
-    eexist: tuple[str, str | None] | None = None
-    #: While a guard recovers, when its wait ends: the guards of the levels it retries share it.
-    deadline: float | None = None
-
-
-_recent = _Recent()
-
-
-def _absolute(name: Any) -> str:
-    return os.path.abspath(os.fsdecode(os.fspath(name)))
+_recent = pending.recent  # this thread's guard state, shared with the pending guards
+_absolute = pending.absolute
+_remember = pending.remember
 
 
 def _awaited(exc: OSError, exist_ok: bool) -> str | None:
@@ -141,11 +129,6 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
     return current
 
 
-def _remember(exc: OSError, note: str | None) -> None:
-    if isinstance(exc, FileExistsError) and exc.filename is not None:
-        _recent.eexist = (_absolute(exc.filename), note)
-
-
 #: How every note the guard adds begins: an exception carrying one was waited for already.
 NOTE = "sharedfs: "
 
@@ -183,6 +166,7 @@ def guard_makedirs(original: Callable[..., None], timeout: float) -> Callable[..
                 raise raised from None
             return None
 
+    makedirs.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
     return makedirs
 
 
@@ -201,6 +185,7 @@ def guard_mkdir(original: Callable[..., None], timeout: float) -> Callable[..., 
                 raise raised from None
             return None
 
+    mkdir.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
     return mkdir
 
 
@@ -214,8 +199,12 @@ class MakedirsShim(Shim):
         return os  # what it patches, imported or not its target
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        self.patcher.setattr(os, "makedirs", guard_makedirs(os.makedirs, policy.wait_timeout))
-        self.patcher.setattr(pathlib.Path, "mkdir", guard_mkdir(pathlib.Path.mkdir, policy.wait_timeout))
+        # The pending guards `import torch.distributed` put in place (sharedfs.machinery.pending) are
+        # replaced, never wrapped: the guards wrap the standard library's functions, and unpatch restores them.
+        makedirs, mkdir = pending.unwrap(os.makedirs), pending.unwrap(pathlib.Path.mkdir)
+        self.patcher.setattr(os, "makedirs", guard_makedirs(makedirs, policy.wait_timeout))
+        self.patcher.setattr(pathlib.Path, "mkdir", guard_mkdir(mkdir, policy.wait_timeout))
+        pending.settled()
 
 
 @hookimpl

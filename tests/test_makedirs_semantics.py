@@ -4,7 +4,8 @@ For every argument combination over every kind of path in the way (an existing d
 regular file, a missing parent, a file as parent, symlinks to a directory and to a file, a
 dangling symlink, ``.``, the empty path, bytes, a directory the caller may not write), the
 guarded functions must end as the unpatched ones do: the same exception type, errno, message
-and filenames, or the same success, and the same tree left behind (names and modes).  The
+and filenames, or the same success, and the same tree left behind (names and modes).  Both the
+shim's guard and the pending guards ``import torch`` puts in place are compared.  The
 comparison runs in a separate interpreter, as root and as a throwaway user (permission
 denied exists only for the latter), and first shows it can tell: the usual hand-written fix
 (``except FileExistsError: pass`` when ``exist_ok``) differs from the standard library.
@@ -115,6 +116,20 @@ COMPARE = textwrap.dedent(r'''
     guarded = (os.makedirs, pathlib.Path.mkdir)
     results["guarded"] = [run(case) for case in CASES]
     shim.unpatch()
+
+    # What `import torch` puts in place (sharedfs.machinery.pending): stdlib-only guards that apply the
+    # shim at their first error that could be its own.  Put back before every case, so each case meets them.
+    from sharedfs.machinery import pending
+
+    def pending_case(case):
+        shim.unpatch()
+        pending.withdraw()
+        pending.install(lambda: shim.patch(resolve([])))
+        return run(case)
+
+    results["pending"] = [pending_case(case) for case in CASES]
+    shim.unpatch()
+    pending.withdraw()
     results["patched"] = [guarded[0] is not stdlib["makedirs"], guarded[1] is not stdlib["mkdir"]]
     results["restored"] = [os.makedirs is stdlib["makedirs"], pathlib.Path.mkdir is stdlib["mkdir"]]
     results["cases"] = [list(case) for case in CASES]
@@ -141,6 +156,7 @@ def _check(results: dict, *, denied: bool) -> None:
     assert naive and all(got[0] == ["ok"] and want[0][0] == "FileExistsError" for _, want, got in naive), naive
     assert results["patched"] == [True, True]
     assert _differences(results, "guarded") == []
+    assert _differences(results, "pending") == []
     assert results["restored"] == [True, True]
     outcomes = {want[0][0] for want in results["stdlib"]}
     assert {"ok", "FileExistsError", "FileNotFoundError", "NotADirectoryError"} <= outcomes, outcomes

@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
+from sharedfs.machinery import pending
 from sharedfs.machinery.standin import unwrap
 from sharedfs.model.policy import CachePlacement, Policy
 from sharedfs.model.structs import frozen
@@ -33,7 +34,8 @@ class Patcher:
         # Remember the object's *own* value: an inherited attribute is restored by deletion.
         own = getattr(obj, "__dict__", None)
         old = own.get(name, _MISSING) if own is not None else getattr(obj, name, _MISSING)
-        old = unwrap(old)  # a stand-in (sharedfs's, waiting for this patch): restoring gives the original
+        # A stand-in or a pending guard (sharedfs's, waiting for this patch): restoring gives the original.
+        old = pending.unwrap(unwrap(old))
         self._undo.append(("attr", obj, name, old))
         setattr(obj, name, value)
 

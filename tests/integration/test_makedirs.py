@@ -104,26 +104,39 @@ def test_a_regular_file_in_the_way_on_a_shared_filesystem_fails_at_once_as_witho
 
 
 SWITCHES = textwrap.dedent("""
-    import json, os, pathlib
+    import json, os, pathlib, sys, tempfile
     stdlib = (os.makedirs, pathlib.Path.mkdir)
     import torch  # imports torch.distributed
-    patched = [os.makedirs is not stdlib[0], pathlib.Path.mkdir is not stdlib[1]]
+    seen = {"guarded": [os.makedirs is not stdlib[0], pathlib.Path.mkdir is not stdlib[1]],
+            "loaded at import": "sharedfs.startup.activation" in sys.modules}
+    with tempfile.NamedTemporaryFile() as fh:  # a regular file in the way: an error the guard could be for
+        try:
+            os.makedirs(fh.name, exist_ok=True)
+        except FileExistsError:
+            pass
+    seen["loaded at first error"] = "sharedfs.startup.activation" in sys.modules
+    seen["guard of the shim"] = os.makedirs.__code__.co_filename.endswith("shims/makedirs.py")
     import sharedfs
     sharedfs.disable()
-    print(json.dumps({"patched": patched, "restored": [os.makedirs is stdlib[0], pathlib.Path.mkdir is stdlib[1]]}))
+    seen["restored"] = [os.makedirs is stdlib[0], pathlib.Path.mkdir is stdlib[1]]
+    print(json.dumps(seen))
 """)
 
 
-def test_import_torch_applies_the_guard_and_disable_opts_out_and_unpatch_restores_the_stdlib() -> None:
+def test_import_torch_guards_without_loading_sharedfs_and_disable_opts_out_and_unpatch_restores_the_stdlib() -> None:
+    """``import torch`` puts the pending guards in place (stdlib only: sharedfs itself is not loaded); their first
+    error that could be the shim's loads it and applies the shim; ``sharedfs.disable()`` restores the stdlib."""
     def run(extra: dict[str, str]) -> dict:
         out = subprocess.run([sys.executable, "-c", SWITCHES], capture_output=True, text=True, timeout=300,
                              env=clean_env(extra))
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    assert run({}) == {"patched": [True, True], "restored": [True, True]}
+    assert run({}) == {"guarded": [True, True], "loaded at import": False, "loaded at first error": True,
+                       "guard of the shim": True, "restored": [True, True]}
     for value in ("makedirs", "1"):
-        assert run({"SHAREDFS_DISABLE": value})["patched"] == [False, False], value
+        off = run({"SHAREDFS_DISABLE": value})
+        assert off["guarded"] == [False, False] and not off["guard of the shim"], (value, off)
 
     status = subprocess.run([sys.executable, "-m", "sharedfs", "status", "--json"], capture_output=True, text=True,
                             timeout=120, env=clean_env())
