@@ -120,6 +120,12 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
                 return None
             awaited = _awaited(current, exist_ok)
             if awaited is not None:
+                if time.monotonic() >= deadline:  # visible each time, yet each retry failed: never loop on
+                    note = (f"{NOTE}{awaited} became visible on this node, but mkdir kept failing until "
+                            f"SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
+                    _annotate(current, note)
+                    _remember(current, note)
+                    return current
                 time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
                 pause = min(pause * 2, MAX_PAUSE)
     finally:
