@@ -48,6 +48,7 @@ TARGETS = {
     "torch.cpp_ext": "torch.utils.cpp_extension",
     "torch.filelock": "torch.utils._filelock",
     "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
+    "makedirs": "torch.distributed",  # os.makedirs / Path.mkdir; also applied with any other shim
     "olmo": "olmo.util",  # wait_for; olmo.checkpoint binds it by name after
     "olmo_core": "olmo_core.utils",  # wait_for, imported before the modules that bind it by name
     # Where OLMo-core is handed a checkpoint directory (OLMO_SHARED_FS); patched when the program imports them.

@@ -95,6 +95,10 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
     from sharedfs.startup.onimport import FOLLOWERS, PLUGIN_GROUP
 
     assert FOLLOWERS <= set(declared), "a follower must be a built-in shim (its target's import defers it)"
+    from sharedfs.startup.activation import COMPANIONS
+    from sharedfs.startup.onimport import PENDING
+
+    assert set(COMPANIONS) <= set(declared) and PENDING <= set(declared), "companions and pending shims are built-in"
     assert PLUGIN_GROUP == NAME, "a follower defers only while no third-party plugin is installed"
 
 

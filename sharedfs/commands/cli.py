@@ -154,7 +154,7 @@ def status_report() -> dict[str, Any]:
     from sharedfs.errors import ConfigError
     from sharedfs.machinery import runtime, standin
     from sharedfs.startup import activation
-    from sharedfs.startup.onimport import FOLLOWERS
+    from sharedfs.startup.onimport import FOLLOWERS, PENDING
 
     report: dict[str, Any] = {
         "version": __version__,
@@ -195,6 +195,7 @@ def status_report() -> dict[str, Any]:
             "applied": shim.applied,
             "waiting_for_first_lock": name in waiting,
             "follower": name in FOLLOWERS,
+            "pending": name in PENDING,
             "patches": shim.patcher.changes(),
             "error": state.error,
         })
@@ -243,6 +244,9 @@ def _shim_state(shim: dict[str, Any]) -> str:
         return "applied: " + ", ".join(shim["patches"])
     if shim.get("waiting_for_first_lock"):
         return "applies on its first lock (a stand-in holds the lock class's place until then)"
+    if shim.get("pending"):
+        return (f"applies on `import {shim['target']}` at the first error that could be a shared filesystem's lag "
+                "(stdlib-only wrappers until then), or with any other shim")
     if shim.get("follower"):
         return f"applies on `import {shim['target']}` once another shim is applied (it acts on what they claim)"
     return f"applies on `import {shim['target']}`"
@@ -281,9 +285,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         for line in conflict_lines(report["conflicts"]):
             print(line)
     print("\nshims (each patches its framework in a program that imports it):")
-    print(f"  {'name':<16} {'installed':<14} {'supported':<14} state")
+    width = max([16, *(len(shim["name"]) for shim in report["shims"])])  # olmo_core.checkpoint is 20
+    print(f"  {'name':<{width}} {'installed':<14} {'supported':<14} state")
     for shim in report["shims"]:
-        print(f"  {shim['name']:<16} {shim['installed'] or 'not installed':<14} {shim['supported_versions']:<14} "
+        print(f"  {shim['name']:<{width}} {shim['installed'] or 'not installed':<14} {shim['supported_versions']:<14} "
               f"{_shim_state(shim)}")
     if report["caches"]:
         print("\ncaches (where each framework's cache goes, and why):")

@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
+from sharedfs.machinery import pending
 from sharedfs.machinery.standin import unwrap
 from sharedfs.model.policy import CachePlacement, Policy
 from sharedfs.model.structs import frozen
@@ -33,7 +34,8 @@ class Patcher:
         # Remember the object's *own* value: an inherited attribute is restored by deletion.
         own = getattr(obj, "__dict__", None)
         old = own.get(name, _MISSING) if own is not None else getattr(obj, name, _MISSING)
-        old = unwrap(old)  # a stand-in (sharedfs's, waiting for this patch): restoring gives the original
+        # A stand-in or a pending guard (sharedfs's, waiting for this patch): restoring gives the original.
+        old = pending.unwrap(unwrap(old))
         self._undo.append(("attr", obj, name, old))
         setattr(obj, name, value)
 
@@ -90,8 +92,10 @@ class Shim:
     name: ClassVar[str]
     #: The module whose import triggers this shim.
     target: ClassVar[str]
-    #: The distribution whose installed metadata gives the version.
-    distribution: ClassVar[str]
+    #: The distribution whose installed metadata gives the version; ``None`` for a shim of the
+    #: standard library, gated on the interpreter instead (``supported`` is then a range of CPython
+    #: versions: the standard library's code is what it changes).
+    distribution: ClassVar[str | None]
     #: PEP 440 specifier set of the versions this shim was written and tested for.
     supported: ClassVar[str]
     #: The environment variable through which users choose this framework's cache
@@ -114,13 +118,21 @@ class Shim:
             return
         if self.applied:
             self.unpatch()
-        module = sys.modules[self.target]
+        module = self.module()
         try:
             self.apply(module, policy, context or ShimContext())
         except BaseException:
             self.patcher.restore()  # never leave a framework half-patched
             raise
         self.policy = policy
+
+    def module(self) -> ModuleType:
+        """What :meth:`apply` changes: the target, which is imported by the time a shim is applied.
+
+        A shim of the standard library (:attr:`distribution` ``None``) may be applied before its
+        target is imported (``startup/activation.py``'s ``COMPANIONS``) and names its module itself.
+        """
+        return sys.modules[self.target]
 
     def unpatch(self) -> None:
         """Restore every attribute and setting :meth:`patch` changed."""

@@ -67,14 +67,22 @@ def targets() -> set[str]:
     return {state.shim.target for state in shim_states().values()}
 
 
+#: Built-in shims applied whenever any other shim is, whatever their own target: they guard calls of
+#: the standard library (``os.makedirs``, ``Path.mkdir``) that every framework makes on the shared
+#: filesystem sharedfs was loaded for, so a program that loads sharedfs for datasets, without
+#: ``torch.distributed``, is covered too.  ``SHAREDFS_DISABLE=<name>`` still keeps each off (:func:`apply`).
+COMPANIONS = ("makedirs",)
+
+
 def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:
     """Apply every shim that targets ``target`` (just imported); returns the targets known now.
 
     ``builtin`` names the built-in shim modules with a shim for ``target`` (the bootstrap's
-    table); only those are imported, with every third-party shim.  None loads them all.
+    table); only those are imported, with every third-party shim and the :data:`COMPANIONS`.
+    None loads them all.
     """
     try:
-        states = _states_with(builtin)
+        states = _states_with(None if builtin is None else {*builtin, *COMPANIONS})
         current = runtime.policy()
     except SharedFSError:
         raise  # a malformed setting is the user's intent, not our bug: say so loudly
@@ -87,7 +95,18 @@ def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:
         for state in list(states.values()):
             if state.shim.target == target:
                 apply(state, current)
+        _apply_companions(states, current)
         return {state.shim.target for state in states.values()}
+
+
+def _apply_companions(states: dict[str, ShimState], current: Policy) -> None:
+    """Apply the :data:`COMPANIONS` once any other shim is applied (the one place that decides it)."""
+    if not any(state.shim.applied for name, state in states.items() if name not in COMPANIONS):
+        return
+    for name in COMPANIONS:
+        state = states.get(name)
+        if state is not None and not state.shim.applied:
+            apply(state, current)
 
 
 def apply(state: ShimState, current: Policy) -> None:
@@ -153,8 +172,14 @@ def activate_imported() -> None:
             activate(target)
 
 
-def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution``, from its metadata (never by importing it)."""
+def installed_version(distribution: str | None) -> str | None:
+    """The installed version of ``distribution``, from its metadata (never by importing it).
+
+    ``None`` (a shim of the standard library) is the interpreter: CPython's version, or ``None``
+    on another implementation, whose standard library such a shim was not written against.
+    """
+    if distribution is None:
+        return "%d.%d.%d" % sys.version_info[:3] if sys.implementation.name == "cpython" else None
     return distinfo.version(distribution)  # its metadata directory's name; importlib.metadata when unsure
 
 
@@ -172,7 +197,7 @@ def version_supported(state: ShimState) -> bool:
         state.supported = bool(supported)
         if not state.supported and state.installed_version is not None:  # not installed: nothing to say
             log.warning("%s %s is outside the supported range %s; its shim stays off",
-                        shim.distribution, state.installed_version, shim.supported)
+                        shim.distribution or "Python", state.installed_version, shim.supported)
     return bool(state.supported)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import _sharedfs_bootstrap as _bootstrap
-from sharedfs.machinery import standin
+from sharedfs.machinery import pending, standin
 from sharedfs.startup import activation
 
 
@@ -11,6 +11,7 @@ def disable() -> None:
     """Undo every patch and stop watching imports, for the rest of this process."""
     _bootstrap.uninstall()
     standin.withdraw_all()
+    pending.withdraw()
     activation.unpatch_all()
 
 

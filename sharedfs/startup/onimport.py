@@ -24,6 +24,12 @@ _resolving = False
 #: claiming shim's), or at once when it is loaded already.  Not while a third-party plugin is
 #: installed: its shims may target the same module, and only loading sharedfs tells.
 FOLLOWERS = frozenset({"torch"})
+#: Built-in shims whose patch acts only on an error path: importing their target alone does not load
+#: sharedfs either (``import torch`` imports ``torch.distributed``, the ``makedirs`` shim's target), it
+#: puts stdlib-only pending guards in place, which activate the shim at their first error that could
+#: be the shim's (:mod:`sharedfs.machinery.pending`); any activation before that applies it at once.
+#: Not while a third-party plugin is installed or SHAREDFS_DISABLE is set (as for FOLLOWERS and stand-ins).
+PENDING = frozenset({"makedirs"})
 #: The entry-point group of third-party plugins (``registry.NAME``; tests/test_shim.py checks).
 PLUGIN_GROUP = "sharedfs"
 #: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
@@ -68,6 +74,9 @@ def activate(module_name: str) -> None:
         if module_name not in _deferred:
             _deferred.append(module_name)
         return
+    if names and names <= PENDING and not _resolving and "sharedfs.startup.activation" not in sys.modules \
+            and not _plugins_installed() and _pending(names):
+        return
     # Imported here, not at the top: this is where pluggy, importlib.metadata and
     # the policy get loaded, and only once a target framework is really in use.
     from sharedfs.startup.activation import activate as apply_shims
@@ -97,6 +106,19 @@ def _plugins_installed() -> bool:
     """
     from sharedfs.machinery import distinfo
     return distinfo.declares_group(PLUGIN_GROUP)
+
+
+def _pending(names: set[str]) -> bool:
+    """Put the pending guards of ``names`` in place (True), or tell the caller to activate now (False)."""
+    from os import environ
+
+    if _bootstrap.DISABLE in environ:  # any value: let the policy read it (a shim list, or a malformed value)
+        return False
+    from sharedfs.machinery import pending
+
+    (shim,) = names
+    pending.install(lambda: _activate_for(shim))
+    return True
 
 
 def _stand_in(module_name: str, shim: str, attr: str) -> bool:

@@ -1,0 +1,218 @@
+"""makedirs: ``os.makedirs`` and ``Path.mkdir`` that a shared filesystem's lagging metadata cannot break.
+
+Every rank of a job runs ``os.makedirs(run_dir, exist_ok=True)`` (lingua's checkpoint and
+trace directories, lingua#49) or ``Path(run_dir).mkdir(parents=True, exist_ok=True)``
+(torch DCP's ``FileSystem.mkdir``, pytorch#92553).  On NFS, Lustre or BeeGFS one node's
+``mkdir`` answers EEXIST because another node just made the directory, and the
+``isdir`` that ``exist_ok`` asks next is answered from this node's attribute or
+negative-lookup cache: "no such directory".  The standard library then raises
+``FileExistsError`` for a directory that exists (cpython#142916), or, one level down,
+``FileNotFoundError`` for the child of a parent that answered EEXIST a moment before
+(Automodel#3686, prime-rl#2699, mlcommons/storage#699).
+
+The guard changes only that error path.  The original runs first, unchanged; only when it
+raises ``FileExistsError`` with ``exist_ok=True`` (the path did not look like a directory),
+or ``FileNotFoundError`` right after an ancestor answered EEXIST, and only where the
+filesystem plugins classify the path as shared, does the guard wait until the path is
+visible here (:func:`sharedfs.wait_for`: it re-lists the parent, which makes NFS revalidate,
+and one waiter per node looks), then run the original again, with backoff, until it succeeds
+or ``SHAREDFS_WAIT_TIMEOUT`` passes.  A regular file in the way, ``exist_ok=False``, a local
+filesystem: the exception the standard library raised, the same object.  On timeout it is
+still the caller's exception type (its ``except FileExistsError`` keeps working), with a note
+(PEP 678; a log line before Python 3.11) that says what sharedfs waited for and what to raise.
+
+Recursion: ``os.makedirs`` creates a missing parent through the module's global
+``makedirs`` and ``Path.mkdir`` through ``self.parent.mkdir``, so each level goes through
+the guard and recovers its own EEXIST; the levels of one call share one deadline (a
+thread-local), so a deep path never waits longer than the setting says.
+
+Names bound before the shim applied (``from os import makedirs``) keep the original:
+:func:`sharedfs.makedirs` is the API for them (``docs/api.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pathlib
+import time
+from types import ModuleType
+from typing import Any, Callable
+
+from sharedfs.cluster.dirs import wait_for
+from sharedfs.errors import WaitTimeout
+from sharedfs.machinery import choices, pending
+from sharedfs.machinery.log import decision
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+
+log = logging.getLogger("sharedfs")
+
+#: Retries after the awaited path became visible back off from FIRST_PAUSE, doubling up to MAX_PAUSE.
+FIRST_PAUSE = 0.01
+MAX_PAUSE = 1.0
+
+
+_recent = pending.recent  # this thread's guard state, shared with the pending guards
+_absolute = pending.absolute
+_remember = pending.remember
+
+
+def _awaited(exc: OSError, exist_ok: bool) -> str | None:
+    """The path to wait for before running the original again, or None: this error is not the guard's."""
+    if isinstance(exc, FileExistsError):
+        if not exist_ok or exc.filename is None:
+            return None
+        path = _absolute(exc.filename)
+    else:
+        last, _recent.eexist = _recent.eexist, None
+        if last is None or exc.filename is None:
+            return None
+        ancestor, waited_out = last
+        missing = _absolute(exc.filename)
+        if not missing.startswith(ancestor.rstrip(os.sep) + os.sep):
+            return None
+        if waited_out is not None:  # the ancestor's guard waited the whole timeout already: say so, once
+            _annotate(exc, waited_out)
+            return None
+        path = ancestor
+    try:
+        shared = choices.filesystem(path).shared
+    except (OSError, LookupError):
+        return None  # cannot tell: the standard library's answer stands
+    return path if shared else None
+
+
+def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: tuple[Any, ...],
+             timeout: float) -> OSError | None:
+    """Wait and retry where ``exc`` is a shared filesystem's lag; None once a retry succeeded, else what to raise."""
+    current = exc
+    if _waited_out(current):  # a parent's guard waited the whole timeout for it (Path.mkdir lets it through)
+        return current
+    awaited = _awaited(current, exist_ok)
+    if awaited is None:
+        _remember(current, None)
+        return current
+    outermost = _recent.deadline is None
+    if outermost:
+        _recent.deadline = time.monotonic() + timeout
+    deadline: float = _recent.deadline  # type: ignore[assignment]
+    pause = FIRST_PAUSE
+    try:
+        while awaited is not None:
+            try:
+                wait_for(awaited, max(0.0, deadline - time.monotonic()), what=f"directory {awaited}")
+            except WaitTimeout as gave_up:
+                note = (f"{NOTE}mkdir of {awaited} answered EEXIST but the directory stayed invisible on "
+                        f"this node (a shared filesystem's metadata lagging behind the node that made it): {gave_up}")
+                _annotate(current, note)
+                _remember(current, note)
+                return current
+            if isinstance(current, FileExistsError) and not os.path.isdir(awaited):
+                break  # visible and not a directory: something else is in the way, as the stdlib said
+            try:
+                original(*args)
+            except (FileExistsError, FileNotFoundError) as again:
+                current = again
+            else:
+                decision("makedirs: a directory another node created was not visible here yet; sharedfs waited "
+                         "for it instead of raising (SHAREDFS_WAIT_TIMEOUT bounds the wait)")
+                return None
+            awaited = _awaited(current, exist_ok)
+            if awaited is not None:
+                if time.monotonic() >= deadline:  # visible each time, yet each retry failed: never loop on
+                    note = (f"{NOTE}{awaited} became visible on this node, but mkdir kept failing until "
+                            f"SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
+                    _annotate(current, note)
+                    _remember(current, note)
+                    return current
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                pause = min(pause * 2, MAX_PAUSE)
+    finally:
+        if outermost:
+            _recent.deadline = None
+    _remember(current, None)
+    return current
+
+
+#: How every note the guard adds begins: an exception carrying one was waited for already.
+NOTE = "sharedfs: "
+
+
+def _annotate(exc: BaseException, note: str) -> None:
+    """Add ``note`` (PEP 678); before Python 3.11, which shows no notes, also log it."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is not None and note in notes:
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined]
+        log.warning("%s", note)
+
+
+def _waited_out(exc: BaseException) -> bool:
+    return any(str(note).startswith(NOTE) for note in getattr(exc, "__notes__", ()))
+
+
+def guard_makedirs(original: Callable[..., None], timeout: float) -> Callable[..., None]:
+    """``os.makedirs`` with the guard on its error path; ``original`` runs first, as it is."""
+
+    @functools.wraps(original)
+    def makedirs(name: Any, mode: int = 0o777, exist_ok: bool = False) -> None:
+        try:
+            return original(name, mode, exist_ok)
+        except (FileExistsError, FileNotFoundError) as exc:
+            # The arguments are passed on, never captured by a closure: a closure over them would make
+            # them cells, which every call (the success path too) would pay for.
+            raised = _recover(exc, exist_ok, original, (name, mode, exist_ok), timeout)
+            if raised is exc:
+                raise
+            if raised is not None:
+                raise raised from None
+            return None
+
+    makedirs.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
+    return makedirs
+
+
+def guard_mkdir(original: Callable[..., None], timeout: float) -> Callable[..., None]:
+    """``Path.mkdir`` with the guard on its error path; ``original`` runs first, as it is."""
+
+    @functools.wraps(original)
+    def mkdir(self: pathlib.Path, mode: int = 0o777, parents: bool = False, exist_ok: bool = False) -> None:
+        try:
+            return original(self, mode, parents, exist_ok)
+        except (FileExistsError, FileNotFoundError) as exc:
+            raised = _recover(exc, exist_ok, original, (self, mode, parents, exist_ok), timeout)
+            if raised is exc:
+                raise
+            if raised is not None:
+                raise raised from None
+            return None
+
+    mkdir.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
+    return mkdir
+
+
+class MakedirsShim(Shim):
+    name = "makedirs"
+    target = "torch.distributed"  # every multi-rank program imports it; also applied with any other shim
+    distribution = None  # the standard library: gated on the interpreter's version
+    supported = ">=3.9,<3.14"  # the CPython versions whose os.makedirs and Path.mkdir this was tested against
+
+    def module(self) -> ModuleType:
+        return os  # what it patches, imported or not its target
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        # The pending guards `import torch.distributed` put in place (sharedfs.machinery.pending) are
+        # replaced, never wrapped: the guards wrap the standard library's functions, and unpatch restores them.
+        makedirs, mkdir = pending.unwrap(os.makedirs), pending.unwrap(pathlib.Path.mkdir)
+        self.patcher.setattr(os, "makedirs", guard_makedirs(makedirs, policy.wait_timeout))
+        self.patcher.setattr(pathlib.Path, "mkdir", guard_mkdir(mkdir, policy.wait_timeout))
+        pending.settled()
+
+
+@hookimpl
+def sharedfs_register_shims() -> list[Shim]:
+    return [MakedirsShim()]

@@ -1,0 +1,160 @@
+"""The makedirs shim on a filesystem that hides one node's new directories from the others (hostilefs ``lagging``).
+
+The programs are the frameworks' own code paths, unchanged and without a ``sharedfs.`` call
+(:mod:`sharedfs.testing.scenario_makedirs`): lingua's ``CheckpointManager`` and
+``maybe_run_profiler`` (lingua#49) and torch DCP's ``save`` over gloo (pytorch#92553), six ranks
+on three simulated nodes.  Each test runs them first with ``SHAREDFS_DISABLE=1``, where they fail,
+then with sharedfs, where every rank succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+from sharedfs.testing import scenario_makedirs
+
+pytestmark = pytest.mark.slow
+
+LAG_MS = 3000
+
+
+def test_lingua_and_torch_dcp_fail_on_a_lagging_filesystem_without_sharedfs_and_not_with_it(hostile_mount) -> None:
+    mount = hostile_mount("lagging", lag_ms=LAG_MS)
+    shared = Path(mount.path)
+
+    stock = scenario_makedirs.run_ranks(shared, "stock", clean_env({"SHAREDFS_DISABLE": "1"}))
+    counts = scenario_makedirs.tally(stock)
+    print("SHAREDFS_DISABLE=1:", scenario_makedirs.evidence(stock))
+    for name in ("lingua CheckpointManager", "lingua maybe_run_profiler"):
+        ok, _ = counts[name]
+        # Node n0 made the directories, so its two ranks see them; the other nodes' four do not.
+        assert ok == 2, (name, stock)
+        failures = [r[name] for r in stock[2:]]
+        assert all(f.startswith(("FileNotFoundError", "FileExistsError")) for f in failures), failures
+    ok, failure = counts["torch DCP save"]
+    assert ok == 0 and "CheckpointException" in failure and "FileExistsError" in failure, stock
+
+    fixed = scenario_makedirs.run_ranks(shared, "sharedfs", clean_env({"SHAREDFS_WAIT_TIMEOUT": "120"}))
+    print("with sharedfs:", scenario_makedirs.evidence(fixed))
+    assert fixed == [{name: "ok" for name in scenario_makedirs.STEPS}] * 6, fixed
+    # The checkpoint is whole: rank 0 wrote its metadata after every rank wrote into the directory.
+    assert (mount.backing / "sharedfs-dcp" / ".metadata").is_file()
+    assert sorted(p.name for p in (mount.backing / "sharedfs").iterdir()) == ["checkpoints", "profiling"]
+
+
+MADE_ELSEWHERE = textwrap.dedent("""
+    import json, os, sys, time
+    import torch.distributed  # the shim's target (every multi-rank program imports it)
+    target, kind = sys.argv[1], sys.argv[2]
+    try:
+        if kind == "os":
+            os.makedirs(target, exist_ok=True)
+        else:
+            import pathlib
+            pathlib.Path(target).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(json.dumps({"type": type(exc).__name__, "str": str(exc), "notes": getattr(exc, "__notes__", [])}))
+    else:
+        print(json.dumps({"type": "ok", "isdir": os.path.isdir(target)}))
+""")
+
+
+def _other_node(target: Path, kind: str, extra: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", MADE_ELSEWHERE, str(target), kind], capture_output=True, text=True,
+                         timeout=300, env=clean_env({"SHAREDFS_NODE_ID": "n1", **extra}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("kind", "relative"), [("os", "run"), ("pathlib", "run"), ("os", "run/sub/deeper"),
+                                                ("pathlib", "run/sub/deeper")])
+def test_a_wait_that_times_out_raises_the_callers_exception_saying_what_to_raise(hostile_mount, kind: str,
+                                                                                 relative: str) -> None:
+    """On timeout the caller still gets its exception (its except clauses expect that type), with one note naming
+    the setting: one wait per call, however deep the path (each level of Path.mkdir sees the parent's error)."""
+    mount = hostile_mount("lagging", lag_ms=60_000)  # longer than the wait: the directory stays hidden
+    (Path(mount.path) / "run").mkdir()  # made by this process: node "local", not n1
+
+    stock = _other_node(Path(mount.path) / relative, kind, {"SHAREDFS_DISABLE": "1"})
+    expected = "FileNotFoundError" if (kind, relative) == ("os", "run/sub/deeper") else "FileExistsError"
+    assert stock["type"] == expected and stock["notes"] == [], stock
+
+    waited = _other_node(Path(mount.path) / relative, kind, {"SHAREDFS_WAIT_TIMEOUT": "1"})
+    assert waited["type"] == expected and waited["str"] == stock["str"], waited
+    (note,) = waited["notes"]
+    assert "answered EEXIST but the directory stayed invisible on this node" in note, note
+    assert "raise SHAREDFS_WAIT_TIMEOUT" in note and "on node n1" in note, note
+
+
+@pytest.mark.parametrize("kind", ["os", "pathlib"])
+def test_a_regular_file_in_the_way_on_a_shared_filesystem_fails_at_once_as_without_sharedfs(hostile_mount,
+                                                                                             kind: str) -> None:
+    mount = hostile_mount("lagging", lag_ms=LAG_MS)
+    (mount.backing / "run").write_text("not a directory")  # in the backing store: every node sees it at once
+    stock = _other_node(Path(mount.path) / "run", kind, {"SHAREDFS_DISABLE": "1"})
+    guarded = _other_node(Path(mount.path) / "run", kind, {"SHAREDFS_WAIT_TIMEOUT": "120"})
+    assert stock["type"] == "FileExistsError" and guarded == stock, (stock, guarded)  # no wait, no note
+
+
+SWITCHES = textwrap.dedent("""
+    import json, os, pathlib, sys, tempfile
+    stdlib = (os.makedirs, pathlib.Path.mkdir)
+    import torch  # imports torch.distributed
+    seen = {"guarded": [os.makedirs is not stdlib[0], pathlib.Path.mkdir is not stdlib[1]],
+            "loaded at import": "sharedfs.startup.activation" in sys.modules}
+    with tempfile.NamedTemporaryFile() as fh:  # a regular file in the way: an error the guard could be for
+        try:
+            os.makedirs(fh.name, exist_ok=True)
+        except FileExistsError:
+            pass
+    seen["loaded at first error"] = "sharedfs.startup.activation" in sys.modules
+    seen["guard of the shim"] = os.makedirs.__code__.co_filename.endswith("shims/makedirs.py")
+    import sharedfs
+    sharedfs.disable()
+    seen["restored"] = [os.makedirs is stdlib[0], pathlib.Path.mkdir is stdlib[1]]
+    print(json.dumps(seen))
+""")
+
+
+def test_import_torch_guards_without_loading_sharedfs_and_disable_opts_out_and_unpatch_restores_the_stdlib() -> None:
+    """``import torch`` puts the pending guards in place (stdlib only: sharedfs itself is not loaded); their first
+    error that could be the shim's loads it and applies the shim; ``sharedfs.disable()`` restores the stdlib."""
+    def run(extra: dict[str, str]) -> dict:
+        out = subprocess.run([sys.executable, "-c", SWITCHES], capture_output=True, text=True, timeout=300,
+                             env=clean_env(extra))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert run({}) == {"guarded": [True, True], "loaded at import": False, "loaded at first error": True,
+                       "guard of the shim": True, "restored": [True, True]}
+    for value in ("makedirs", "1"):
+        off = run({"SHAREDFS_DISABLE": value})
+        assert off["guarded"] == [False, False] and not off["guard of the shim"], (value, off)
+
+    status = subprocess.run([sys.executable, "-m", "sharedfs", "status", "--json"], capture_output=True, text=True,
+                            timeout=120, env=clean_env())
+    row = next(s for s in json.loads(status.stdout)["shims"] if s["name"] == "makedirs")
+    assert row["target"] == "torch.distributed" and row["distribution"] is None, row
+    assert row["supported_versions"] == ">=3.9,<3.14" and row["supported"] is True and row["enabled"], row
+    off = subprocess.run([sys.executable, "-m", "sharedfs", "status", "--json"], capture_output=True, text=True,
+                         timeout=120, env=clean_env({"SHAREDFS_DISABLE": "makedirs"}))
+    assert "makedirs" in json.loads(off.stdout)["blocked"]
+
+
+def test_any_other_shim_applies_the_guard_without_torch() -> None:
+    """datasets does not import torch.distributed; its shim's activation applies the guard with it."""
+    pytest.importorskip("datasets")
+    code = ("import json, os, sys; stdlib = os.makedirs; import datasets; "
+            "print(json.dumps([os.makedirs is not stdlib, 'torch.distributed' in sys.modules]))")
+    for extra, patched in (({"SHAREDFS_DISABLE": "makedirs"}, False), ({}, True)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env=clean_env(extra))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [patched, False], extra
