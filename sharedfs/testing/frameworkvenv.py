@@ -66,8 +66,8 @@ def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = 
     return root
 
 
-def install_sharedfs(root: Path, source: Path, *, then: Callable[[Path], None] | None = None) -> None:
-    """Install sharedfs (a wheel, or a source checkout) into ``root`` over whatever sharedfs it had.
+def install_sharedfs(root: Path, source: Path | None, *, then: Callable[[Path], None] | None = None) -> None:
+    """Install sharedfs (a wheel, a source checkout, or with ``None`` this very installation) into ``root``.
 
     ``--no-deps``: the stack's pins stay as they are (sharedfs's own dependencies are in its
     requirements file).  Under the venv's lock, so two installers do not interleave; ``then(root)``
@@ -75,9 +75,34 @@ def install_sharedfs(root: Path, source: Path, *, then: Callable[[Path], None] |
     """
     with open(root.parent / f"{root.name}.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        _pip(root, "install", "--no-deps", "--force-reinstall", str(source))
+        if source is None:
+            _copy_installed(root)
+        else:
+            _pip(root, "install", "--no-deps", "--force-reinstall", str(source))
         if then is not None:
             then(root)
+
+
+def _copy_installed(root: Path) -> None:
+    """Copy the running sharedfs, file by file as its RECORD lists them, into ``root``'s site-packages.
+
+    For a sharedfs installed from a wheel (``pip install '.[demo]'``): there is no source to build
+    from, but the installed files are the package, and the venv runs this same Python.  Scripts
+    (outside site-packages) and byte-code are left out; any sharedfs the venv had is removed first.
+    """
+    from importlib import metadata
+
+    dist = metadata.distribution("sharedfs")
+    purelib = subprocess.run([python_of(root), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([python_of(root), "-m", "pip", "uninstall", "-y", "-q", "sharedfs"], capture_output=True,
+                   check=False)  # nothing to uninstall is fine
+    for entry in dist.files or ():
+        if entry.parts[0] == ".." or "__pycache__" in entry.parts:
+            continue
+        target = Path(purelib, entry)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(str(entry.locate())), target)
 
 
 def source_checkout() -> Path | None:

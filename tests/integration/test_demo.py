@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import venv
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -284,3 +285,26 @@ def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) ->
                                         *TORCH_WITHOUT_FUSE}
     assert all(s["fixed"] or s["fixed_upstream"] for s in ran), ran
     assert all("needs FUSE" in s["skipped"] for s in report["scenarios"] if s["skipped"])
+
+
+def test_a_wheel_installation_is_carried_into_a_framework_venv(bare_venv: Venv, tmp_path: Path) -> None:
+    """The OLMo#829 scenario runs OLMo-core in a venv of its own and needs this sharedfs there.
+
+    Installed from a wheel (the README's `pip install '.[demo]'`) there is no checkout to install
+    from (``source_checkout()`` is None: the scenario used to skip itself); the installed files are
+    copied instead, and the other venv then imports that sharedfs and autoloads it.
+    """
+    target = tmp_path / "framework-venv"
+    venv.EnvBuilder(with_pip=False).create(target)
+    code = ("import sys; from pathlib import Path; from sharedfs.testing import frameworkvenv as f; "
+            "print(f.source_checkout()); f.install_sharedfs(Path(sys.argv[1]), None)")
+    proc = subprocess.run([bare_venv.python, "-c", code, str(target)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)  # not the checkout: `-c` puts the working directory first on sys.path
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"  # what made the scenario skip before
+    check = subprocess.run([str(target / "bin" / "python"), "-c",
+                            "import sys, sharedfs; print(sharedfs.__file__); print('_sharedfs_bootstrap' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]}, cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    where, autoloaded = check.stdout.split()
+    assert where.startswith(str(target)) and autoloaded == "True", check.stdout
