@@ -18,48 +18,23 @@ the ``TimeoutError`` keeps OLMo's message and adds where, on what and what to ch
 from __future__ import annotations
 
 import functools
-import sys
-from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.errors import WaitTimeout
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, RebindingShim, Shim, hookimpl
 
 
-class OlmoShim(Shim):
+class OlmoShim(RebindingShim):
     name = "olmo"
     target = "olmo.util"
     distribution = "ai2-olmo"
     #: Written for ai2-olmo 0.6.0's ``olmo.util.wait_for`` (the same since 0.3).
     supported = ">=0.6,<0.7"
+    function = "wait_for"  # olmo.checkpoint binds it by name
+    package = "olmo"
 
-    _original: Callable[..., Any] | None = None
-    _replacement: Callable[..., None] | None = None
-
-    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        original = module.wait_for
-        self._original = original
-        self._replacement = make_wait_for(original, policy)
-        self.patcher.setattr(module, "wait_for", self._replacement)
-        for owner in olmo_modules():
-            if owner is not module and getattr(owner, "wait_for", None) is original:
-                self.patcher.setattr(owner, "wait_for", self._replacement)
-
-    def unpatch(self) -> None:
-        # Modules imported after the patch bound the replacement themselves: hand them the original back too.
-        replacement = getattr(self, "_replacement", None)
-        if replacement is not None:
-            for owner in olmo_modules():
-                if getattr(owner, "wait_for", None) is replacement:
-                    setattr(owner, "wait_for", self._original)  # noqa: B010 - a module attribute, any module
-            self._replacement = None
-        super().unpatch()
-
-
-def olmo_modules() -> list[ModuleType]:
-    """The ``olmo`` package's modules imported so far (nothing is imported here)."""
-    return [m for name, m in list(sys.modules.items())
-            if isinstance(m, ModuleType) and (name == "olmo" or name.startswith("olmo."))]
+    def replacement(self, original: Callable[..., Any], policy: Policy) -> Callable[..., None]:
+        return make_wait_for(original, policy)
 
 
 def make_wait_for(original: Callable[..., Any], policy: Policy) -> Callable[..., None]:

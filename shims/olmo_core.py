@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.errors import WaitTimeout
 from sharedfs.machinery.log import decision
 from sharedfs.machinery.shim import Patcher
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, RebindingShim, Shim, ShimContext, hookimpl
 
 #: Written for and tested with ai2-olmo-core 3.0.0 (``wait_for``, ``_prepare_env_for_save`` and
 #: ``Checkpointer._prepare_dir`` have this shape throughout 3.x).
@@ -47,35 +46,18 @@ DISTRIBUTION = "ai2-olmo-core"
 SHARED_FS_VAR = "OLMO_SHARED_FS"
 
 
-class OlmoCoreShim(Shim):
+class OlmoCoreShim(RebindingShim):
     name = "olmo_core"
     target = "olmo_core.utils"
     distribution = DISTRIBUTION
     supported = SUPPORTED
+    # Bound by name in olmo_core.distributed.checkpoint, train.checkpoint and train.callbacks.checkpointer,
+    # normally after olmo_core.utils was patched (it is imported first).
+    function = "wait_for"
+    package = "olmo_core"
 
-    _original: Callable[..., Any] | None = None
-    _replacement: Callable[..., None] | None = None
-
-    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        original = module.wait_for
-        self._original = original
-        self._replacement = make_wait_for(original, policy)
-        self.patcher.setattr(module, "wait_for", self._replacement)
-        # Normally nothing has bound it yet (olmo_core.utils is imported first); a module that did keeps
-        # the original unless rebound here.
-        for owner in olmo_core_modules():
-            if owner is not module and getattr(owner, "wait_for", None) is original:
-                self.patcher.setattr(owner, "wait_for", self._replacement)
-
-    def unpatch(self) -> None:
-        # Modules imported after the patch bound the replacement themselves: hand them the original back too.
-        replacement = getattr(self, "_replacement", None)
-        if replacement is not None:
-            for owner in olmo_core_modules():
-                if getattr(owner, "wait_for", None) is replacement:
-                    setattr(owner, "wait_for", self._original)  # noqa: B010 - a module attribute, any module
-            self._replacement = None
-        super().unpatch()
+    def replacement(self, original: Callable[..., Any], policy: Policy) -> Callable[..., None]:
+        return make_wait_for(original, policy)
 
 
 class OlmoCoreCheckpointShim(Shim):
@@ -111,12 +93,6 @@ class OlmoCoreTrainShim(Shim):
             return original(self, dir, *args, **kwargs)
 
         self.patcher.setattr(checkpointer, "_prepare_dir", _prepare_dir)
-
-
-def olmo_core_modules() -> list[ModuleType]:
-    """The ``olmo_core`` modules imported so far (already loaded: nothing is imported here)."""
-    return [m for name, m in list(sys.modules.items())
-            if isinstance(m, ModuleType) and (name == "olmo_core" or name.startswith("olmo_core."))]
 
 
 def make_wait_for(original: Callable[..., Any], policy: Policy) -> Callable[..., None]:

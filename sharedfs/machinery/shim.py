@@ -142,3 +142,47 @@ class Shim:
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:  # pragma: no cover
         """Change ``module`` (through ``self.patcher``) so it follows ``policy`` and ``context``."""
         raise NotImplementedError(f"{type(self).__name__}.apply")
+
+
+class RebindingShim(Shim):
+    """A shim that replaces one function its framework's modules bind by name (``from pkg.utils import f``).
+
+    The target module's attribute is replaced first; a module of :attr:`package` that had
+    already bound the original gets the replacement too, and on :meth:`unpatch` every module
+    of the package holding the replacement (including those imported after the patch, which
+    bound it themselves) gets the original back.
+    """
+
+    #: The function's name in the target module (``wait_for``).
+    function: ClassVar[str]
+    #: The framework's top-level package, whose modules may have bound the function by name.
+    package: ClassVar[str]
+
+    _original: Any = None
+    _replacement: Any = None
+
+    def replacement(self, original: Any, policy: Policy) -> Any:  # pragma: no cover
+        """What stands in for ``original`` under ``policy``."""
+        raise NotImplementedError(f"{type(self).__name__}.replacement")
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        original = getattr(module, self.function)
+        self._original, self._replacement = original, self.replacement(original, policy)
+        self.patcher.setattr(module, self.function, self._replacement)
+        for owner in self._package_modules():
+            if owner is not module and getattr(owner, self.function, None) is original:
+                self.patcher.setattr(owner, self.function, self._replacement)
+
+    def unpatch(self) -> None:
+        if self._replacement is not None:
+            for owner in self._package_modules():
+                if getattr(owner, self.function, None) is self._replacement:
+                    setattr(owner, self.function, self._original)
+            self._replacement = None
+        super().unpatch()
+
+    def _package_modules(self) -> list[ModuleType]:
+        """The package's modules imported so far (nothing is imported here)."""
+        prefix = self.package + "."
+        return [m for name, m in list(sys.modules.items())
+                if isinstance(m, ModuleType) and (name == self.package or name.startswith(prefix))]
