@@ -73,14 +73,45 @@ def install_sharedfs(root: Path, source: Path | None, *, then: Callable[[Path], 
     requirements file).  Under the venv's lock, so two installers do not interleave; ``then(root)``
     runs under it too (one-time set-up a stack needs done by one process).
     """
+    stamp = _fingerprint(source)
     with open(root.parent / f"{root.name}.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
+        # The same sharedfs is there already: leave it. A reinstall uninstalls first, so a job running
+        # in this venv meanwhile (a second demo, another session's tests) would start ranks without it.
+        if (root / STAMP).is_file() and (root / STAMP).read_text() == stamp:
+            return
+        (root / STAMP).unlink(missing_ok=True)
         if source is None:
             _copy_installed(root)
         else:
             _pip(root, "install", "--no-deps", "--force-reinstall", str(source))
         if then is not None:
             then(root)
+        (root / STAMP).write_text(stamp)
+
+
+#: What sharedfs the venv has: the fingerprint of what :func:`install_sharedfs` installed last.
+STAMP = ".sharedfs-installed"
+
+
+def _fingerprint(source: Path | None) -> str:
+    """A hash of what would be installed: a wheel's bytes, a checkout's package files, or this installation's."""
+    digest = hashlib.sha256()
+    if source is not None and source.is_file():
+        digest.update(source.read_bytes())
+        return digest.hexdigest()
+    if source is None:
+        from importlib import metadata
+
+        files = [(str(f), Path(str(f.locate()))) for f in metadata.distribution("sharedfs").files or ()
+                 if f.parts[0] != ".." and "__pycache__" not in f.parts]
+    else:
+        files = [(str(p.relative_to(source)), p) for top in ("sharedfs", "shims", "plugins", "autoload")
+                 for p in (source / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        files += [(name, source / name) for name in ("_sharedfs_bootstrap.py", "pyproject.toml")]
+    for name, path in sorted(files):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _copy_installed(root: Path) -> None:
