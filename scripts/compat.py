@@ -146,9 +146,9 @@ CELLS = [
     Cell(
         name="newest",
         python="3.11",
-        why="today's newest releases of everything sharedfs patches, torch included: torch 2.14 builds C++ "
-            "extensions under torch.utils._filelock.FileLock instead of FileBaton (the main environment keeps "
-            "torch 2.13, the CPU build on this machine's disk; 2.14's wheels are CUDA builds of ~5 GB)",
+        why="today's newest releases of everything sharedfs patches, torch 2.15 included: since 2.14 torch builds "
+            "C++ extensions under torch.utils._filelock.FileLock instead of FileBaton (the main environment keeps "
+            "torch 2.13, the CPU build on this machine's disk; 2.14's and 2.15's wheels are CUDA builds of ~5 GB)",
         tests=(TORCH, WIDS),
         deselect={},
         shims=("torch", "wids"),

@@ -817,7 +817,7 @@ class TorchExtensionsShim(Shim):
     target = "torch.utils.cpp_extension"
     distribution = "torch"
     # _jit_compile's try_acquire/wait/release baton (< 2.14), its `with FileLock(<build_dir>/lock)` (>= 2.14)
-    # and get_default_build_root; tested with 2.13.0 and 2.14.1 (tests/integration/test_torch.py).
+    # and get_default_build_root; tested with 2.13.0, 2.14.1 and 2.15.0 (tests/integration/test_torch.py).
     supported = ">=2.1,<3"
     cache_env = "TORCH_EXTENSIONS_DIR"
     # torch._appdirs.user_cache_dir("torch_extensions"); torch adds py<ver>_<accelerator>/ below it.
@@ -852,7 +852,7 @@ class TorchFileLockShim(Shim):
     distribution = "torch"
     # torch.utils._filelock (filelock.FileLock plus wait counters) is what torch 2.x's compile caches
     # import, each inside the function that locks or at module level after this module, and what
-    # cpp_extension builds under from 2.14; tested with 2.13.0 and 2.14.1.
+    # cpp_extension builds under from 2.14; tested with 2.13.0, 2.14.1 and 2.15.0.
     supported = ">=2.1,<3"
 
     #: Modules that bind FileLock by name at import: patched here only when already imported
