@@ -20,7 +20,10 @@ import shutil
 import subprocess
 import venv
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from importlib.metadata import PackagePath
 
 __all__ = ["CACHE_ENV", "DEFAULT_CACHE", "cached_venv", "install_sharedfs", "python_of", "source_checkout"]
 
@@ -66,6 +69,10 @@ def cached_venv(name: str, requirements: Path, *, note: Callable[[str], None] = 
     return root
 
 
+#: What sharedfs the venv has: the fingerprint of what :func:`install_sharedfs` installed last.
+STAMP = ".sharedfs-installed"
+
+
 def install_sharedfs(root: Path, source: Path | None, *, then: Callable[[Path], None] | None = None) -> None:
     """Install sharedfs (a wheel, a source checkout, or with ``None`` this very installation) into ``root``.
 
@@ -90,10 +97,6 @@ def install_sharedfs(root: Path, source: Path | None, *, then: Callable[[Path], 
         (root / STAMP).write_text(stamp)
 
 
-#: What sharedfs the venv has: the fingerprint of what :func:`install_sharedfs` installed last.
-STAMP = ".sharedfs-installed"
-
-
 def _fingerprint(source: Path | None) -> str:
     """A hash of what would be installed: a wheel's bytes, a checkout's package files, or this installation's."""
     digest = hashlib.sha256()
@@ -101,10 +104,7 @@ def _fingerprint(source: Path | None) -> str:
         digest.update(source.read_bytes())
         return digest.hexdigest()
     if source is None:
-        from importlib import metadata
-
-        files = [(str(f), Path(str(f.locate()))) for f in metadata.distribution("sharedfs").files or ()
-                 if f.parts[0] != ".." and "__pycache__" not in f.parts]
+        files = [(str(entry), Path(str(entry.locate()))) for entry in _installed_files()]
     else:
         files = [(str(p.relative_to(source)), p) for top in ("sharedfs", "shims", "plugins", "autoload")
                  for p in (source / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
@@ -121,19 +121,22 @@ def _copy_installed(root: Path) -> None:
     from, but the installed files are the package, and the venv runs this same Python.  Scripts
     (outside site-packages) and byte-code are left out; any sharedfs the venv had is removed first.
     """
-    from importlib import metadata
-
-    dist = metadata.distribution("sharedfs")
     purelib = subprocess.run([python_of(root), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run([python_of(root), "-m", "pip", "uninstall", "-y", "-q", "sharedfs"], capture_output=True,
                    check=False)  # nothing to uninstall is fine
-    for entry in dist.files or ():
-        if entry.parts[0] == ".." or "__pycache__" in entry.parts:
-            continue
+    for entry in _installed_files():
         target = Path(purelib, entry)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(str(entry.locate())), target)
+
+
+def _installed_files() -> list[PackagePath]:
+    """This sharedfs's installed files (its RECORD) inside site-packages: no scripts, no byte-code."""
+    from importlib import metadata
+
+    return [entry for entry in metadata.distribution("sharedfs").files or ()
+            if entry.parts[0] != ".." and "__pycache__" not in entry.parts]
 
 
 def source_checkout() -> Path | None:
