@@ -45,13 +45,22 @@ SUPPORTED = {"wids": ">=0.1,<0.2", "webdataset": ">=0.2,<0.3"}
 
 
 def _distribution() -> str:
-    from importlib.metadata import PackageNotFoundError, distribution
+    """Which distribution provides ``wids`` here, and so whose version range applies (``sharedfs status``)."""
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
-        distribution("wids")
+        version("wids")
     except PackageNotFoundError:
-        return "webdataset"  # the copy bundled in webdataset 0.2.x
-    return "wids"
+        pass
+    else:
+        return "wids"
+    try:
+        bundled = version("webdataset")
+    except PackageNotFoundError:
+        return "wids"
+    # Only webdataset 0.2.x bundles wids; with a later webdataset and no wids, wids is simply not
+    # installed, and its own range is the one to show (not webdataset 0.2's, which reads as a verdict).
+    return "webdataset" if bundled == "0.2" or bundled.startswith("0.2.") else "wids"
 
 
 class WidsShim(Shim):

@@ -167,8 +167,20 @@ def _wait_message(path: str | None, what: str, waited: float) -> str:
         f"({fs.mount.fstype} {fs.mount.mount_point}, options {fs.mount.raw_options or 'none'}). "
         "Either the process that should create it failed or is still running (check its log), or "
         "this filesystem shows new entries to other nodes late: raise SHAREDFS_WAIT_TIMEOUT "
-        "(NFS: lower actimeo/lookupcache on the mount; see `sharedfs doctor " + os.path.dirname(path) + "`)."
+        "(NFS: lower actimeo/lookupcache on the mount; see `sharedfs doctor " + _existing_parent(path) + "`)."
     )
+
+
+def _existing_parent(path: str) -> str:
+    """The nearest directory above ``path`` that this node sees: what ``sharedfs doctor`` can probe.
+
+    The path waited for is missing by definition, and so may be its parent (a checkpoint's
+    ``step-100/model``): a doctor command naming a missing directory only fails.
+    """
+    current = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(current) and current != os.path.dirname(current):
+        current = os.path.dirname(current)
+    return current
 
 
 def makedirs(path: PathLike, mode: int = 0o777, *, timeout: float | None = None, barrier: bool = False) -> Path:

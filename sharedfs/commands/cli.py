@@ -27,7 +27,8 @@ examples:
   sharedfs locks /lustre/proj/cache       who holds each lock there (alive, dead, or nobody here can tell)
   sharedfs locks --clear-dead /lustre/proj/cache
                                           remove exactly the locks whose holder is provably gone
-  eval "$(sharedfs env)"                  in a batch script whose Python runs without site (python -S)
+  exports="$(sharedfs env)"; eval "$exports"
+                                          in a batch script whose Python runs without site (python -S)
   sharedfs cleanup --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID"
                                           in a Slurm epilog: remove the job's node-local caches
   sharedfs demo --html report.html        reproduce the cluster failures here, fixed; a report for your admins
@@ -35,6 +36,9 @@ examples:
 Each command has --help.  Settings are SHAREDFS_* variables (see `sharedfs status`).
 """
 
+
+#: ``sharedfs env --shell``: every POSIX shell takes ``export NAME='value'``; fish takes ``set -gx``.
+SHELLS = ("bash", "sh", "zsh", "fish")
 
 #: What ``--json`` says in every command's help (``demo`` adds where its progress goes).
 JSON_HELP = "machine-readable output"
@@ -104,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the variables that give a process without autoload (python -S, a wrapper that "
                     "clears site) the same policy and cache directories.  The node id is never exported: it "
                     "is per process, and `srun` would hand the batch node's name to every node.")
-    env.add_argument("--shell", choices=("bash", "fish"), default="bash",
-                     help="syntax of the exports: bash (also sh, zsh) or fish (default bash)")
+    env.add_argument("--shell", choices=SHELLS, default="bash",
+                     help="syntax of the exports: bash, sh and zsh share one (export NAME=value), fish has its "
+                          "own (default bash)")
     _json_flag(env)
 
     cleanup = _command(
@@ -125,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="reproduce the cluster filesystem failures on this machine, then show them fixed",
         description="Run each field failure twice in real processes on a simulated cluster filesystem: "
                     "without sharedfs, then with it.  Scenarios whose framework is not installed are skipped "
-                    "with the command that installs it (pip install 'sharedfs[demo]' brings them all).")
+                    "with the command that installs it (in a clone, pip install '.[demo]' brings them all).")
     _json_flag(demo, JSON_HELP + " (progress goes to stderr)")
     demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
     demo.add_argument("--only", action="append", metavar="TEXT",
@@ -138,9 +143,108 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit statuses every command shares (``sharedfs COMMAND --help`` and docs/cli.md say which others it has).
+EXIT_OK = 0
+#: A bad setting (``SHAREDFS_*``, the ``SHAREDFS_CONFIG`` file), a bad argument, a path that cannot be used.
+EXIT_USAGE = 2
+#: stdout was closed before everything was written (``sharedfs status | head -1``), as a shell
+#: reports a program ended by SIGPIPE (128 + 13); nothing is printed about it.
+EXIT_PIPE = 141
+#: Commands that report a bad setting themselves, with everything else they can show.
+REPORTS_CONFIG_ERROR = ("status",)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run one command; a bad setting or path ends in one line on stderr, never a traceback."""
+    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    _suggest_command(parser, words)
+    args = parser.parse_args(words)
+    try:
+        if args.command not in REPORTS_CONFIG_ERROR:
+            _check_settings()
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here, not as a traceback at exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_PIPE
+    except Exception as exc:  # noqa: BLE001 - only what error_line() knows; anything else is a bug: re-raised
+        line = error_line(exc)
+        if line is None:
+            raise
+        _stderr(f"sharedfs {args.command}: {line}")
+        return EXIT_USAGE
+    return code
+
+
+def error_line(exc: BaseException) -> str | None:
+    """One line for an error that is the user's situation (a setting, a path), or None for a bug of ours."""
+    from sharedfs.errors import ConfigError, SharedFSError
+
+    text = " ".join(str(exc).split())  # one line, whatever the message's own line breaks
+    if isinstance(exc, ConfigError):
+        return f"{text}; {setting_fix(exc.origin)}"
+    if isinstance(exc, SharedFSError):
+        return text
+    if isinstance(exc, OSError):
+        return text or type(exc).__name__
+    return None
+
+
+def setting_fix(origin: str) -> str:
+    """What to do about a bad setting, given where it was read (a variable, or ``FILE: key``)."""
+    if origin.startswith("SHAREDFS_"):
+        return f"fix or unset {origin} (docs/settings.md lists every setting)"
+    file, _, key = origin.rpartition(": ")
+    if file:
+        return f"fix or remove `{key}` in {file} (the file SHAREDFS_CONFIG names; docs/settings.md)"
+    return f"fix {origin} (docs/settings.md lists every setting)"
+
+
+def _check_settings() -> None:
+    """Resolve the settings as a framework's import would: a bad one is refused before the command runs."""
+    from sharedfs.machinery import runtime
+
+    unknown = runtime.unknown_disabled(runtime.policy())
+    if unknown is not None:  # a program would go on with every shim on; a command says it is wrong
+        raise unknown
+
+
+def _stderr(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # stderr closed too: nothing left to tell
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise again (Python's docs' recipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _suggest_command(parser: argparse.ArgumentParser, words: list[str]) -> None:
+    """``sharedfs stauts``: argparse's "invalid choice", plus the command meant (as pip and git say)."""
+    import difflib
+
+    word = next((w for w in words if not w.startswith("-")), None)
+    names = list(_subcommands(parser))
+    if word is None or word in names:
+        return
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    parser.error(f"unknown command '{word}'{hint}; the commands: {', '.join(names)}")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -159,6 +263,7 @@ def status_report() -> dict[str, Any]:
     report: dict[str, Any] = {
         "version": __version__,
         "python": sys.version.split()[0],
+        "platform": _platform(),
         "autoload": {
             "pth_file": _find_pth(),
             "active_in_this_interpreter": _bootstrap.installed(),
@@ -169,8 +274,11 @@ def status_report() -> dict[str, Any]:
     try:
         current = runtime.policy()
     except ConfigError as exc:
-        report["config_error"] = str(exc)
+        report["config_error"] = error_line(exc)
         current = None
+    unknown = runtime.unknown_disabled(current) if current is not None else None
+    if unknown is not None:  # the policy stands (programs run with every shim it does not name on)
+        report["config_error"] = error_line(unknown)
     report["policy"] = current.as_dict() if current else None
     report["conflicts"] = dict(current.conflicts) if current else {}
     root = root_of(current) if current else None
@@ -191,7 +299,7 @@ def status_report() -> dict[str, Any]:
             "installed": installed,
             "supported_versions": shim.supported,
             "supported": supported if installed else None,
-            "enabled": current is not None and not current.shim_disabled(name),
+            "enabled": None if current is None else not current.shim_disabled(name),
             "applied": shim.applied,
             "waiting_for_first_lock": name in waiting,
             "follower": name in FOLLOWERS,
@@ -200,12 +308,67 @@ def status_report() -> dict[str, Any]:
             "error": state.error,
         })
     blocked = sorted(runtime.registry().blocked)
+    report["libraries"] = _libraries(shims)
+    in_use = [(cache["path"], f"{cache['name']} cache") for cache in caches]
+    in_use += [(root.path, "node-local root")] if root else []
+    report["mounts"] = _mounts([*in_use, (os.getcwd(), "current directory")])
     report["shims"] = shims
     report["caches"] = caches
     report["blocked"] = blocked
     report["plugins"] = runtime.registry().plugin_names()
     report["external_plugins"] = [vars(p) for p in runtime.registry().external]
-    return report
+    # What a bug report needs comes first (the text output leads with it too).
+    first = ("version", "python", "platform", "libraries", "mounts")
+    return {**{key: report[key] for key in first}, **{k: v for k, v in report.items() if k not in first}}
+
+
+def _platform() -> dict[str, str]:
+    """What a bug report needs to know about this machine (as ``hf env`` and ``accelerate env`` print it)."""
+    import platform
+
+    distro = "-"
+    try:  # the OS's own name for itself; /etc/os-release is small and plain text
+        with open("/etc/os-release", encoding="utf-8", errors="replace") as handle:
+            for line in handle.read(65536).splitlines():
+                if line.startswith("PRETTY_NAME="):
+                    distro = line.partition("=")[2].strip().strip('"')
+    except OSError:
+        pass
+    return {"os": distro, "system": platform.system(), "kernel": platform.release(), "machine": platform.machine(),
+            "python_implementation": platform.python_implementation()}
+
+
+#: sharedfs's own run-time dependencies: their versions decide what the frameworks' locks do (filelock).
+RUNTIME_LIBRARIES = ("filelock", "pluggy", "packaging")
+
+
+def _libraries(shims: list[dict[str, Any]]) -> dict[str, str | None]:
+    """Installed versions: sharedfs's run-time dependencies, then every library a shim patches (None: absent)."""
+    from sharedfs.startup import activation
+
+    versions: dict[str, str | None] = {name: activation.installed_version(name) for name in RUNTIME_LIBRARIES}
+    for shim in shims:
+        if shim["distribution"]:
+            versions.setdefault(shim["distribution"], shim["installed"])
+    return versions
+
+
+def _mounts(paths: list[tuple[str | None, str]]) -> list[dict[str, Any]]:
+    """The filesystem under each path in use (caches, the node-local root, here), one row per path."""
+    from sharedfs.machinery import choices
+
+    rows: list[dict[str, Any]] = []
+    for path, what in paths:
+        if not path:
+            continue
+        try:
+            fs = choices.filesystem(nearest_directory(os.path.expanduser(path)))
+        except Exception as exc:  # noqa: BLE001 - a report for a bug report must not fail on one path
+            rows.append({"path": path, "what": what, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        rows.append({"path": path, "what": what, "kind": fs.kind, "fstype": fs.mount.fstype,
+                     "mount_point": fs.mount.mount_point, "options": fs.mount.raw_options, "shared": fs.shared})
+    return rows
 
 
 def _cache_row(name: str, shim: Any, current: Any) -> dict[str, Any]:
@@ -236,6 +399,8 @@ def _shim_state(shim: dict[str, Any]) -> str:
         return "-"
     if shim["error"]:
         return f"OFF after an internal error: {shim['error']}"
+    if shim["enabled"] is None:  # no policy: a bad setting, which the framework's import raises too
+        return f"import {shim['target']} fails with the CONFIG ERROR above"
     if not shim["enabled"]:
         return "OFF: SHAREDFS_DISABLE"
     if not shim["supported"]:
@@ -268,9 +433,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     report = status_report()
     if args.json:
         print(json.dumps(report, indent=2))
-        return 1 if report["config_error"] else 0
+        return _status_config_error(report)
     auto = report["autoload"]
-    print(f"sharedfs {report['version']} (Python {report['python']})")
+    system = report["platform"]
+    print(f"sharedfs {report['version']} (Python {report['python']}; {system['system']} {system['kernel']} "
+          f"{system['machine']}; {system['os']})")
+    present = [f"{name} {version}" for name, version in report["libraries"].items() if version]
+    absent = [name for name, version in report["libraries"].items() if not version]
+    print(f"libraries: {', '.join(present)}" + (f" (not installed: {', '.join(absent)})" if absent else ""))
+    print("mounts (of the paths in use):")
+    grouped: dict[str, list[str]] = {}
+    for row in report["mounts"]:
+        where = row.get("error") or (f"{row['fstype']} at {row['mount_point']} ({row['options'] or '-'}), "
+                                     + ("shared between nodes" if row["shared"] else "this node only"))
+        grouped.setdefault(where, []).append(f"{row['path']} ({row['what']})")
+    for where, paths in grouped.items():
+        print(f"  {where}: {', '.join(paths)}")
     if auto["disabled_by_environment"]:
         state = "disabled by SHAREDFS_DISABLE"
     elif auto["active_in_this_interpreter"]:
@@ -316,7 +494,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                 value = ", ".join(value) or "-"
             flag = "  <- CONFLICT" if name in report["conflicts"] else ""
             print(f"  {name:<14} {value!s:<24} ({source}){flag}")
-    return 1 if report["config_error"] else 0
+    return _status_config_error(report)
+
+
+def _status_config_error(report: dict[str, Any]) -> int:
+    """``status`` shows what it can under a bad setting, then says it on stderr as every command does."""
+    if not report["config_error"]:
+        return EXIT_OK
+    sys.stdout.flush()  # the report first, then the line (a terminal shows them in that order)
+    _stderr(f"sharedfs status: {report['config_error']}")
+    return EXIT_USAGE
 
 
 # -- doctor -------------------------------------------------------------------------------------
@@ -353,7 +540,8 @@ def doctor_report(path: str) -> dict[str, Any]:
         "lock": {"kind": choice.kind, "reason": choice.reason, "marker": choice.marker},
         "cache": {"mode": current.cache, "source": current.source("cache")},
         "warnings": _doctor_warnings(fs, probes, choice.kind),
-        "verdict": _doctor_verdict(path, fs, probes, choice),
+        "verdict": _doctor_verdict(path, fs, probes, choice, off=sharedfs_off(current)),
+        "sharedfs_off": sharedfs_off(current),
         "conflicts": dict(current.conflicts),
         "team": team_check(path, current),
     }
@@ -619,7 +807,19 @@ def _lock_words(state: str, errno_name: str | None, seen: dict[str, Any], shared
     return "works and excludes across nodes" if shared else "works"
 
 
-def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any) -> dict[str, str]:
+def sharedfs_off(current: Any) -> str | None:
+    """Why sharedfs does nothing in this environment's programs (``SHAREDFS_DISABLE=1``), or None."""
+    if "all" not in current.disable:
+        return None
+    import _sharedfs_bootstrap as _bootstrap
+
+    raw = os.environ.get(_bootstrap.DISABLE)
+    where = f"SHAREDFS_DISABLE={raw}" if raw is not None and current.source("disable") == _bootstrap.DISABLE \
+        else current.source("disable")
+    return f"sharedfs is OFF here ({where}): programs use the frameworks' own locks"
+
+
+def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any, off: str | None = None) -> dict[str, str]:
     """The verdict a person can act on: what the filesystem is, what its locks do, what sharedfs does, what helps."""
     results = probes.get("results", {})
     mount = fs.mount
@@ -638,6 +838,8 @@ def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any) -> 
     uses = f"{names.get(choice.kind, choice.kind)} ({choice.reason.rstrip('.')})"
     if choice.kind in ("soft", "lease") or choice.marker:
         uses += "; each held lock is marked by <lock>.held with its holder's node, pid and Slurm job"
+    if off:
+        uses = f"nothing: OFF here (see `without it`); with SHAREDFS_DISABLE unset it would use {uses}"
     return {"filesystem": what, "locks": locks, "across_nodes": across, "sharedfs": uses,
             "without_sharedfs": _without_sharedfs(fs, choice), "better": _better(fs, results, choice)}
 
@@ -702,6 +904,8 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
              f"  filesystem : {verdict.get('filesystem', fs['kind'])}",
              f"  options    : {shown or '-'}",
              f"  locks      : {verdict.get('locks', '')}"]
+    if report.get("sharedfs_off"):
+        lines.insert(1, f"  OFF        : {report['sharedfs_off']}; unset SHAREDFS_DISABLE to turn it on")
     if verdict.get("across_nodes"):
         lines.append(f"  across     : {verdict['across_nodes']}")
     lines.append(f"  sharedfs   : {verdict.get('sharedfs', report['lock']['kind'])}")
@@ -729,19 +933,43 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.cross_node:
         return cmd_doctor_cross_node(args)
-    reports = []
-    for path in args.paths:
-        if not os.path.exists(path):
-            print(f"sharedfs doctor: {path}: no such file or directory", file=sys.stderr)
-            return 2
-        reports.append(doctor_report(path))
+    reports, errors = [], []
+    for path in args.paths:  # every usable path is reported, whatever is wrong with another one
+        problem = doctor_path_problem(path)
+        if problem:
+            errors.append({"path": path, "error": problem})
+            if not args.json:
+                _stderr(f"sharedfs doctor: {path}: {problem}")
+            continue
+        report = doctor_report(path)
+        reports.append(report)
+        if not args.json:
+            print("\n".join(doctor_lines(report)))
+            print(flush=True)
     if args.json:
-        print(json.dumps({"version": __version__, "paths": reports}, indent=2))
-        return 0
-    for report in reports:
-        print("\n".join(doctor_lines(report)))
-        print()
-    return 0
+        print(json.dumps({"version": __version__, "paths": reports, "errors": errors}, indent=2))
+        for error in errors:
+            _stderr(f"sharedfs doctor: {error['path']}: {error['error']}")
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def doctor_path_problem(path: str) -> str | None:
+    """Why ``doctor`` cannot probe ``path`` (it probes directories: it creates its files there), or None."""
+    if os.path.isdir(path):
+        return None
+    parent = nearest_directory(path)
+    if os.path.lexists(path):
+        return (f"not a directory: doctor probes the directory a file lives in (it creates its test files there); "
+                f"run `sharedfs doctor {parent}`")
+    return f"no such file or directory; the nearest directory that exists is {parent} (`sharedfs doctor {parent}`)"
+
+
+def nearest_directory(path: str) -> str:
+    """``path`` itself, or the nearest parent directory of it that exists (where a probe can run)."""
+    current = os.path.abspath(path)
+    while not os.path.isdir(current) and current != os.path.dirname(current):
+        current = os.path.dirname(current)
+    return current
 
 
 def cmd_doctor_cross_node(args: argparse.Namespace) -> int:
@@ -825,7 +1053,14 @@ def _env_text(value: Any) -> str:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    exports = env_exports()
+    from sharedfs.machinery import runtime
+
+    off = sharedfs_off(runtime.policy())
+    # Everything is computed before the first line is printed: a failure leaves stdout empty, so
+    # `exports="$(sharedfs env)"` takes nothing and its status 2 stops a `set -e` script there.
+    exports = {} if off else env_exports()
+    if off:
+        _stderr(f"sharedfs env: {off}; nothing to export")
     if args.json:
         print(json.dumps(exports, indent=2))
         return 0
@@ -843,6 +1078,10 @@ def doctor_sections(paths: list[str]) -> list[tuple[str, list[str]]]:
     """``sharedfs doctor`` of ``paths`` as (path, text lines), for the demo's report; a failed probe says why."""
     sections = []
     for path in paths:
+        problem = doctor_path_problem(path)
+        if problem:
+            sections.append((path, [f"could not probe: {problem}"]))
+            continue
         try:
             report = doctor_report(path)
         except Exception as exc:  # noqa: BLE001 - the report must still be written

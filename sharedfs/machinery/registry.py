@@ -68,6 +68,8 @@ class Registry:
         self.pm = _PluginManager(NAME)
         self.pm.add_hookspecs(hookspecs)
         self.blocked = frozenset(blocked)
+        #: Every third-party entry point's name, loaded or blocked (``SHAREDFS_DISABLE`` may name it).
+        self.entry_point_names: set[str] = set()
         for name in self.blocked:
             self.pm.set_blocked(name)
         for name in BUILTIN_PLUGINS:
@@ -88,6 +90,7 @@ class Registry:
         eps = entry_points()
         group = eps.select(group=NAME) if hasattr(eps, "select") else eps.get(NAME, ())  # type: ignore[arg-type]
         for ep in group:
+            self.entry_point_names.add(ep.name)
             dist = getattr(ep, "dist", None)
             meta = (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")
             # A built-in shim's name stays the built-in's, registered or not yet (see :meth:`shims`).
@@ -143,6 +146,13 @@ class Registry:
         if added:
             self.pm.check_pending()
         return [shim for shims in self.pm.hook.sharedfs_register_shims() for shim in shims]
+
+    def known_names(self) -> frozenset[str]:
+        """Every name ``SHAREDFS_DISABLE`` can mean: the built-in plugins and shims (a framework's name
+        and each of its shims' full names, ``mmengine.runner``), third-party plugins and their shims."""
+        third_party = {shim.name for shims in self.pm.hook.sharedfs_register_shims() for shim in shims}
+        return frozenset({*BUILTIN_PLUGINS, *BUILTIN_SHIMS, *_bootstrap.TARGETS, *self.entry_point_names,
+                          *third_party})
 
     def plugin_names(self) -> list[str]:
         return sorted(name for name, plugin in self.pm.list_name_plugin() if plugin is not None)

@@ -15,6 +15,7 @@ import threading
 from dataclasses import field, replace
 from typing import Any
 
+from sharedfs.errors import ConfigError
 from sharedfs.machinery.hookspecs import NAME
 from sharedfs.machinery.registry import Registry
 from sharedfs.model import envvars
@@ -75,11 +76,31 @@ def policy(**overrides: Any) -> Policy:
         return state.policy
 
 
+def unknown_disabled(current: Policy) -> ConfigError | None:
+    """The error for names in ``disable`` that no shim or plugin has (a typo: ``dataset``), or None."""
+    known = registry().known_names()
+    unknown = sorted(set(current.disable) - {"all"} - known)
+    if not unknown:
+        return None
+    import difflib
+
+    source = current.source("disable")
+    raw: Any = os.environ.get(envvars.DISABLE, "") if source == envvars.DISABLE else ",".join(current.disable)
+    meant = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+    hint = "; ".join(f"unknown: {name}" + (f" (did you mean {close[0]}?)" if close else "")
+                     for name, close in meant.items())
+    return ConfigError(source, raw, "1/true/all, or a comma-separated list of these names: "
+                       + ", ".join(sorted(known)), hint)
+
+
 def set_explicit(settings: dict[str, Any]) -> Policy:
     """Make ``settings`` this process's explicit settings (validated first); the new policy."""
     state = _get_state()
     with _lock:
         candidate = policy(**settings)  # raises ConfigError before anything changes
+        unknown = unknown_disabled(candidate) if "disable" in settings else None
+        if unknown is not None:  # the program's own call: refused, as any other bad value
+            raise unknown
         state.explicit.update(settings)
         state.policy = candidate
         log.setLevel(log_level(candidate.log))

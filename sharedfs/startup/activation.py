@@ -91,12 +91,31 @@ def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:
             raise
         report_internal_error(f"start-up on import of {target}", exc)
         return set()
+    _say_unknown_disabled(current)
     with _lock:
         for state in list(states.values()):
             if state.shim.target == target:
                 apply(state, current)
         _apply_companions(states, current)
         return {state.shim.target for state in states.values()}
+
+
+_told_unknown: list[Policy] = []  # the policy whose unknown SHAREDFS_DISABLE names were reported
+
+
+def _say_unknown_disabled(current: Policy) -> None:
+    """A typo in SHAREDFS_DISABLE (``dataset``), said once per policy at the framework's import.
+
+    It neither switches a shim off nor breaks the import (which may run at start-up, before the
+    program can handle anything): the names it knows are honoured and every other shim stays on,
+    failing closed.  ``sharedfs status`` and every other command refuse it with the same message.
+    """
+    if current in _told_unknown:
+        return
+    unknown = runtime.unknown_disabled(current)
+    if unknown is not None:
+        _told_unknown[:] = [current]
+        log.error("%s; the shims it does not name stay ON", unknown)
 
 
 def _apply_companions(states: dict[str, ShimState], current: Policy) -> None:

@@ -90,7 +90,7 @@ def test_malformed_settings_fail_loudly_at_first_import_and_in_status(datasets_v
     assert proc.returncode == 1
     assert f"sharedfs.errors.ConfigError: {message}" in proc.stderr
     status = datasets_venv.sharedfs("status", env=env)
-    assert status.returncode == 1 and message in status.stdout
+    assert status.returncode == 2 and message in status.stdout and message in status.stderr
     assert message in json.loads(datasets_venv.sharedfs("status", "--json", env=env).stdout)["config_error"]
 
 
@@ -98,7 +98,7 @@ def test_invalid_toml_names_file_and_key(datasets_venv: Venv, tmp_path: Path) ->
     bad = tmp_path / "bad.toml"
     bad.write_text("lock = [\n")
     proc = datasets_venv.sharedfs("status", env={"SHAREDFS_CONFIG": str(bad)})
-    assert proc.returncode == 1 and f"SHAREDFS_CONFIG='{bad}' is not valid: expected valid TOML" in proc.stdout
+    assert proc.returncode == 2 and f"SHAREDFS_CONFIG='{bad}' is not valid: expected valid TOML" in proc.stdout
     unknown = tmp_path / "unknown.toml"
     unknown.write_text('lok = "soft"\n')
     proc = datasets_venv.sharedfs("status", env={"SHAREDFS_CONFIG": str(unknown)})

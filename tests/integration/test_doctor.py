@@ -14,7 +14,8 @@ from conftest import clean_env
 
 pytestmark = pytest.mark.slow
 
-REPORT_KEYS = {"path", "filesystem", "probes", "lock", "cache", "warnings", "verdict", "conflicts", "team"}
+REPORT_KEYS = {"path", "filesystem", "probes", "lock", "cache", "warnings", "verdict", "conflicts", "team",
+               "sharedfs_off"}
 VERDICT_KEYS = {"filesystem", "locks", "across_nodes", "sharedfs", "without_sharedfs", "better"}
 FS_KEYS = {"mount", "kind", "shared", "flock", "flock_errno", "posix", "posix_errno", "o_excl_atomic",
            "safe_lock", "notes"}
