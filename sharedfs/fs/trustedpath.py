@@ -7,13 +7,17 @@ symlink on the way, so a member of the project group who makes the root a symlin
 whatever it points to.  The stock frameworks only ever write *into* the directory they are
 given, so for them following it is harmless; for sharedfs it is not.
 
-:func:`resolve` resolves like ``realpath`` and also reports the first symlink on the way
-that is not the user's own choice.  A symlink is trusted when nobody but this user and
-root can have made it or can replace it: it belongs to this user or root, and it sits in a
-directory that belongs to this user or root and that nobody else may write -- not writable
-by others, and not by the group unless the group is the user's own private group (the
-user-private-group convention, ``alice:alice``) -- or that is sticky (``/tmp``: nobody
-removes another's entry there).  ``~/.cache/huggingface -> /scratch/me/hf`` and a root's
+:func:`resolve` resolves as the kernel does (and ``realpath``): component by component, a
+symlink expanded before the ``..`` that follows it (``team/hf/../proj`` with ``team/hf`` a link
+to ``~alice/secret`` is ``~alice/proj``), and also reports the first symlink on the way that is
+not the user's own choice.  A symlink is trusted when nobody but this user and root can have
+made it or can replace it: it belongs to this user or root, and it sits in a directory that
+belongs to this user or root and that nobody else may write -- not writable by others, and
+not by the group unless the group is the user's own private group (the user-private-group
+convention, ``alice:alice``) -- or that is sticky (``/tmp``: nobody removes another's entry
+there) while the link has a single name: a link with more names may be a hard link of the
+user's own that someone else placed there (``fs.protected_hardlinks=0``), judged then as
+that writer's.  ``~/.cache/huggingface -> /scratch/me/hf`` and a root's
 ``/data -> /lustre/data`` are trusted; a symlink in a group-writable project directory is
 not, whoever owns it: any member may replace it.
 
@@ -44,6 +48,7 @@ class Planted:
     owner: int  # uid of the symlink
     directory_owner: int  # uid of the directory it is in
     directory_mode: int  # and that directory's mode
+    names: int = 1  # the symlink's hard links (st_nlink)
 
     def who(self) -> str:
         return _user(self.owner)
@@ -56,6 +61,9 @@ class Planted:
         if self.directory_owner not in (0, os.geteuid()):
             return f"its directory belongs to {_user(self.directory_owner)}"
         writers = "every user" if mode & stat.S_IWOTH else "its group"
+        if mode & stat.S_ISVTX:
+            return (f"it has {self.names} names and its directory is writable by {writers} (mode {mode:o}): "
+                    "this one may be a hard link any of them made of it")
         return f"its directory is writable by {writers} (mode {mode:o}), so any of them may replace it"
 
 
@@ -71,22 +79,24 @@ def resolve(path: str | os.PathLike[str]) -> Resolved:
     A part that does not exist (yet) is kept as spelled, as ``realpath`` keeps it.  More than
     :data:`MAX_LINKS` symlinks (a loop) counts as planted: nothing can be proven about it.
     """
-    pending = os.path.abspath(os.fspath(path)).split(os.sep)[1:]
+    spelled = os.fspath(path)
+    # Not os.path.abspath: it would fold "link/.." away before the link is looked at.
+    pending = os.path.join(os.getcwd(), spelled).split(os.sep)[1:]
     pending.reverse()  # a stack: the next component is last
     real, planted, links = os.sep, None, 0
     while pending:
         name = pending.pop()
         if name in ("", "."):
             continue
-        if name == "..":
+        if name == "..":  # the parent of what was reached, every symlink before it expanded, as the kernel does
             real = os.path.dirname(real)
             continue
         candidate = os.path.join(real, name)
         try:
             st = os.lstat(candidate)
-        except OSError:  # missing (the rest is made later), or not searchable: spelled as given from here on
-            real = os.path.join(candidate, *reversed(pending))
-            break
+        except OSError:  # missing (made later), or not searchable: kept as spelled, as realpath keeps it
+            real = candidate
+            continue
         if not stat.S_ISLNK(st.st_mode):
             real = candidate
             continue
@@ -98,7 +108,7 @@ def resolve(path: str | os.PathLike[str]) -> Resolved:
         if planted is None:
             planted = _untrusted(real, candidate, target, st)
         if links > MAX_LINKS or target == "?":
-            return Resolved(os.path.realpath(path), planted or Planted(candidate, target, st.st_uid, -1, 0))
+            return Resolved(os.path.realpath(spelled), planted or Planted(candidate, target, st.st_uid, -1, 0))
         if os.path.isabs(target):
             real = os.sep
         pending.extend(reversed(target.split(os.sep)))
@@ -112,14 +122,17 @@ def _untrusted(directory: str, link: str, target: str, link_st: os.stat_result) 
     except OSError:
         return Planted(link, target, link_st.st_uid, -1, 0)
     mode = stat.S_IMODE(dir_st.st_mode)
-    found = Planted(link, target, link_st.st_uid, dir_st.st_uid, mode)
+    found = Planted(link, target, link_st.st_uid, dir_st.st_uid, mode, link_st.st_nlink)
     if link_st.st_uid not in (0, me) or dir_st.st_uid not in (0, me):
         return found
-    if mode & stat.S_ISVTX:
-        return None  # sticky: only the link's owner (us or root) or the directory's may remove or rename it
-    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(dir_st.st_gid)):
-        return found
-    return None
+    if not (mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(dir_st.st_gid))):
+        return None  # nobody but us and root may add or replace an entry here
+    if mode & stat.S_ISVTX and link_st.st_nlink == 1:
+        # Sticky: only the link's owner (us or root) or the directory's may remove or rename it.  With a
+        # single name it was made here by its owner; a second name may be a hard link that another writer of
+        # this directory made of it (possible where fs.protected_hardlinks=0): then it is that writer's choice.
+        return None
+    return found
 
 
 @lru_cache(maxsize=64)
