@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster
+APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/test_docs_search.py)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -13,7 +13,6 @@ and without wids installed it showed wids's range as webdataset 0.2's.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from conftest import clean_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sharedfs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
