@@ -165,6 +165,10 @@ def notes_lines(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: results.md below this line is written by hand (the summary and what the numbers mean): a new run keeps it.
+HAND_WRITTEN = "<!-- written by hand below this line; `make bench` keeps it -->"
+
+
 def write_markdown(results: dict[str, dict[str, Any]], info: dict[str, Any], path: Path) -> None:
     met = [row.get("met") for r in results.values() for row in r.get("rows", [])]
     lines = [
@@ -195,7 +199,9 @@ def write_markdown(results: dict[str, dict[str, Any]], info: dict[str, Any], pat
         "Notes:", "", *notes_lines(results), "",
         "Run times: " + ", ".join(f"{name} {r.get('seconds', 0):.0f} s" for name, r in results.items()), "",
     ]
-    path.write_text("\n".join(lines))
+    old = path.read_text() if path.exists() else ""
+    kept = HAND_WRITTEN + old.split(HAND_WRITTEN, 1)[1] if HAND_WRITTEN in old else ""
+    path.write_text("\n".join(lines) + kept)
 
 
 def write_chart(results: dict[str, dict[str, Any]], path: Path) -> None:
