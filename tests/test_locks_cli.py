@@ -311,7 +311,10 @@ def test_bad_input_is_a_clear_error_and_filters_select_rows(tmp_path: Path) -> N
     lock = tmp_path / "f.lock"
     holder = hold(lock)
     try:
-        assert rows("--user", "nobody-such-user", str(tmp_path)) == ([], locks_cmd.EXIT_FREE)
+        assert rows("--user", "nobody", str(tmp_path)) == ([], locks_cmd.EXIT_FREE)
+        # A misspelt user is an error, not "no lock is held" (it used to answer exit 0 with nothing).
+        typo = cli("--user", "nobody-such-user", str(tmp_path))
+        assert typo.returncode == locks_cmd.EXIT_ERROR and "no such user" in typo.stderr and typo.stdout == ""
         assert rows("--older-than", "3600", str(tmp_path)) == ([], locks_cmd.EXIT_FREE)
         found, status = rows("--older-than", "0", "--user", str(os.getuid()), str(tmp_path))
         assert len(found) == 1 and status == locks_cmd.EXIT_HELD
@@ -323,6 +326,26 @@ def test_bad_input_is_a_clear_error_and_filters_select_rows(tmp_path: Path) -> N
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_empty_path_or_a_path_that_names_nothing_is_an_error_not_a_walk_or_free(tmp_path: Path) -> None:
+    """``sharedfs locks ""`` (an unset "$DIR" in a script) walked, and with --clear-dead cleared, the current
+    directory with exit 0; ``sharedfs locks /typo`` printed FREE with exit 0."""
+    dead = tmp_path / "d.lock"
+    holder = hold(dead)
+    holder.kill()
+    holder.wait()
+    for args in (("",), ("--clear-dead", "")):
+        done = subprocess.run([sys.executable, "-m", "sharedfs", "locks", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=clean_env({"SHAREDFS_NODE_ID": "nodeA"}), timeout=60)
+        assert done.returncode == locks_cmd.EXIT_ERROR, (args, done.stdout, done.stderr)
+        assert "empty PATH" in done.stderr and done.stdout == ""
+    assert Path(f"{dead}.held").exists()  # nothing was cleared in the current directory
+    typo = cli(str(tmp_path / "chekpoints"))
+    assert typo.returncode == locks_cmd.EXIT_ERROR and "no such file or directory" in typo.stderr
+    # A lock's own name stays answerable when it is free and leaves no file (an existence lock released).
+    found, status = rows(str(tmp_path / "free.lock"))
+    assert [r["state"] for r in found] == ["free"] and status == locks_cmd.EXIT_FREE
 
 
 def test_a_native_lock_held_on_this_node_is_held(tmp_path: Path) -> None:

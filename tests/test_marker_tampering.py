@@ -60,7 +60,8 @@ BEFORE = textwrap.dedent("""
     import errno, os
     from sharedfs.fs.recordfile import create_record
 
-    def _create_linked(path, data, mode, directory):
+    def _create_linked(where, name, data, mode):
+        path, directory = where.join(name), where.path
         temp = _marker.own_name(path, data)
         try:
             fd = create_record(temp, data, mode)

@@ -18,9 +18,15 @@ directly, with the same evidence the lock itself uses:
   took the lock meanwhile keeps it.  ``unknown`` is never cleared.
 
 The tree is untrusted (any member of a group can plant a symlink, a FIFO or a huge file in a
-shared cache): one listing per directory, no symlink followed, no open that can block, records
-read under a size cap, and a bounded rate of filesystem calls (a metadata server serves
-everyone).  Anything unreadable is ``unknown``, never ``free``.
+shared cache, or exchange a directory of hers for a symlink while the walk runs): one listing
+per directory, no symlink followed, no open that can block, records read under a size cap, and
+a bounded rate of filesystem calls (a metadata server serves everyone).  Anything unreadable is
+``unknown``, never ``free``.  **A clear never leaves its tree; every removal is made by
+descriptor**: each directory is opened from its parent's descriptor (``O_NOFOLLOW``, and it
+must still be the directory the parent's listing showed), every file is read, checked and
+removed relative to that descriptor (:class:`~sharedfs.fs.directory.Directory`), and a
+directory that changed between the listing and the open is skipped with one line.  Run as
+root, a clear removes only what the file's owner could have removed herself.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharedfs.fs import oslocks
-from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.fs.directory import Changed, Directory, Identity, identity, owner_may_remove
 from sharedfs.locks import _marker
 from sharedfs.model.records import HolderRecord, user_name
 from sharedfs.shardcache import META, SIBLING_SUFFIX
@@ -94,6 +100,9 @@ class Row:
     #: What --clear-dead needs: the marker as read (its bytes and identity), or None when never clearable.
     seen: _marker.Seen | None = field(default=None, repr=False)
     native_holder: dict[str, Any] | None = None
+    #: Where ``file`` is, for --clear-dead: its directory as the walk reached it, and its name there.
+    place: Place | None = field(default=None, repr=False)
+    name: str = ""
 
     @property
     def since(self) -> float | None:
@@ -125,6 +134,39 @@ class Row:
 # -- the walk ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Place:
+    """A directory as the walk reached it: a top the operator named, then one real directory at a time.
+
+    Never a path to resolve again: :meth:`open` descends from the top's descriptor through each
+    step with ``O_NOFOLLOW`` and checks that every step is still the directory (device and inode)
+    that its parent's listing showed, so whatever is swapped in meanwhile is refused, not entered.
+    """
+
+    top: Directory
+    steps: tuple[tuple[str, Identity], ...] = ()
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.top.path, *(name for name, _ in self.steps))
+
+    def child(self, name: str, ident: Identity) -> Place:
+        return Place(self.top, (*self.steps, (name, ident)))
+
+    def open(self) -> Directory:
+        """This directory, open (the caller closes it); :class:`Changed` when a step is no longer what it was."""
+        here = Directory(os.dup(self.top.fd), self.top.path)
+        try:
+            for name, ident in self.steps:
+                below = here.subdirectory(name, ident)
+                here.close()
+                here = below
+        except BaseException:
+            here.close()
+            raise
+        return here
+
+
 class Walk:
     """Filesystem calls at a bounded rate, counted; progress on a terminal."""
 
@@ -134,6 +176,10 @@ class Walk:
         self.directories = 0
         self.entries = 0
         self.errors: list[str] = []
+        #: Directories skipped because they changed between their parent's listing and their open.
+        self.skipped: list[str] = []
+        #: The tops the operator named, open for the whole run (closed by :func:`run`).
+        self.tops: list[Directory] = []
         self._started = time.monotonic()
         self._shown = 0.0
         self.progress = sys.stderr.isatty() if progress is None else progress
@@ -161,16 +207,29 @@ class Walk:
         sys.stderr.write(f"\rsharedfs locks: {self.directories} directories, {self.entries} entries looked at ...")
         sys.stderr.flush()
 
-    def listing(self, directory: str) -> list[os.DirEntry[str]] | None:
-        """One listing of ``directory`` (``None``, said, when it cannot be listed)."""
+    def enter(self, place: Place) -> Directory | None:
+        """``place`` open, or ``None`` (said) when it changed since it was listed or cannot be opened."""
+        self.call(len(place.steps) + 1)
+        try:
+            return place.open()
+        except Changed as exc:
+            self.skipped.append(f"skipped {exc.filename}: {exc.strerror} since its parent was listed; "
+                                "nothing below it was looked at")
+        except FileNotFoundError:
+            pass  # removed while we walked
+        except OSError as exc:
+            self.errors.append(f"cannot open {place.path}: {exc.strerror or exc}")
+        return None
+
+    def listing(self, where: Directory) -> list[os.DirEntry[str]] | None:
+        """One listing of ``where`` (``None``, said, when it cannot be listed)."""
         self.call()
         try:
-            with os.scandir(directory) as it:
-                entries = list(it)
+            entries = where.listing()
         except FileNotFoundError:
             return []  # removed while we walked
         except OSError as exc:
-            self.errors.append(f"cannot list {directory}: {exc.strerror or exc}")
+            self.errors.append(f"cannot list {where.path}: {exc.strerror or exc}")
             return None
         self.directories += 1
         self.entries += len(entries)
@@ -199,9 +258,19 @@ class Walk:
         return self._proc_locks
 
 
+#: A lock's own names, for telling a free lock that leaves no file from a path that names nothing.
+_LOCK_NAMES = re.compile(r".*(" + re.escape(_NATIVE_SUFFIX) + "|" + re.escape(_marker.SUFFIX) + ")|"
+                         + re.escape(TORCH_BATON_NAME))
+
+
 def find(paths: list[str], walk: Walk) -> Iterator[tuple[str, list[Row]]]:
-    """For each PATH: (PATH, its rows).  Raises :class:`LocksError` for a path that cannot be a lock or tree."""
+    """For each PATH: (PATH, its rows).  Raises :class:`LocksError` for a path that cannot be a lock or tree.
+
+    The tops it opens stay in ``walk.tops`` (rows refer to them) until the caller closes them.
+    """
     for given in paths:  # every argument checked before any walk: a typo in the last one wastes no walk
+        if not given.strip():
+            raise LocksError("an empty PATH (an unset variable in a script?): name a directory or a lock file")
         if not os.path.isdir(os.path.dirname(os.path.abspath(given))):
             raise LocksError(f"{given}: no such file or directory")
     for given in paths:
@@ -213,83 +282,123 @@ def find(paths: list[str], walk: Walk) -> Iterator[tuple[str, list[Row]]]:
         except OSError as exc:
             raise LocksError(f"{given}: {exc.strerror}") from None
         if st is not None and stat.S_ISDIR(st.st_mode):
-            yield path, list(_tree_rows(path, walk))
+            top = _open_top(path, given, walk)
+            yield path, list(_tree_rows(Place(top), walk))
             continue
         parent = os.path.dirname(path)
         if not os.path.isdir(parent):
             raise LocksError(f"{given}: no such file or directory")
-        yield path, _one_lock_rows(path, walk)
+        rows = _one_lock_rows(Place(_open_top(parent, given, walk)), os.path.basename(path), walk)
+        if st is None and all(row.state == FREE for row in rows) and not _LOCK_NAMES.fullmatch(os.path.basename(path)):
+            raise LocksError(f"{given}: no such file or directory (nothing of a lock is there either: check the "
+                             "spelling; a free lock that leaves no file is named by its lock file, e.g. x.lock)")
+        yield path, rows
 
 
-def _tree_rows(top: str, walk: Walk) -> Iterator[Row]:
-    stack = [top]
-    # A shard cache keeps its coordination tree beside it (<parent>/.<cache>.sharedfs): looked at too.
-    sibling = os.path.join(os.path.dirname(top), f".{os.path.basename(top)}.sharedfs")
+def _open_top(path: str, given: str, walk: Walk) -> Directory:
     walk.call()
-    if os.path.isdir(sibling) and not os.path.islink(sibling):
-        stack.append(sibling)
+    try:
+        top = Directory.open(path)
+    except OSError as exc:
+        raise LocksError(f"{given}: {exc.strerror}") from None
+    walk.tops.append(top)
+    return top
+
+
+def _tree_rows(start: Place, walk: Walk) -> Iterator[Row]:
+    stack = [start]
+    # A shard cache keeps its coordination tree beside it (<parent>/.<cache>.sharedfs): looked at too, as a
+    # top of its own reached from the parent's descriptor (never through a symlink).
+    top = start.top
+    sibling = f".{os.path.basename(top.path.rstrip(os.sep))}.sharedfs"
+    walk.call(2)
+    try:
+        with Directory.open(os.path.dirname(top.path.rstrip(os.sep)) or os.sep) as parent:
+            if stat.S_ISDIR(parent.lstat(sibling).st_mode):
+                beside = parent.subdirectory(sibling)
+                walk.tops.append(beside)
+                stack.append(Place(beside))
+    except OSError:
+        pass  # none there (or a symlink, or a file: not a coordination tree)
     while stack:
-        directory = stack.pop()
-        entries = walk.listing(directory)
-        if entries is None:
+        place = stack.pop()
+        where = walk.enter(place)
+        if where is None:
             continue
-        names = {entry.name for entry in entries}
-        parent_name = os.path.basename(os.path.dirname(directory))
-        in_shard_tree = _SHARD_TREE.fullmatch(parent_name) is not None
-        part = os.path.basename(directory) if in_shard_tree else ""
-        for entry in sorted(entries, key=lambda e: e.name):
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)  # d_type: free, except on a few filesystems
-            except OSError:
-                continue
-            if is_dir:
-                # A shard cache's tmp/ holds private download directories (0700, others' own): nothing to see.
-                if not (in_shard_tree and part == "tmp") and not entry.name.endswith(_marker.SUFFIX):
-                    stack.append(entry.path)
-                    continue
-            row = _classify(entry.path, entry.name, names, part, walk, entry)
-            if row is not None:
-                yield row
+        with where:
+            yield from _directory_rows(place, where, walk, stack)
 
 
-def _one_lock_rows(path: str, walk: Walk) -> list[Row]:
-    """PATH names one lock (its lock file or its marker): that lock's files, from one listing of its directory."""
-    lock = path[:-len(_marker.SUFFIX)] if path.endswith(_marker.SUFFIX) else path
-    directory, base = os.path.split(lock)
-    entries = walk.listing(directory)
+def _directory_rows(place: Place, where: Directory, walk: Walk, stack: list[Place]) -> Iterator[Row]:
+    entries = walk.listing(where)
     if entries is None:
-        return []
+        return
     names = {entry.name for entry in entries}
-    rows = []
+    path = place.path
+    in_shard_tree = _SHARD_TREE.fullmatch(os.path.basename(os.path.dirname(path))) is not None
+    part = os.path.basename(path) if in_shard_tree else ""
     for entry in sorted(entries, key=lambda e: e.name):
-        if entry.name == base or entry.name.startswith(base + _marker.SUFFIX):
-            row = _classify(entry.path, entry.name, names, "", walk, entry, single=entry.name == base)
-            if row is not None:
-                rows.append(row)
-    if not rows:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)  # d_type: free, except on a few filesystems
+        except OSError:
+            continue
+        if is_dir:
+            # A shard cache's tmp/ holds private download directories (0700, others' own): nothing to see.
+            if not (in_shard_tree and part == "tmp") and not entry.name.endswith(_marker.SUFFIX):
+                walk.call()
+                try:
+                    ident = identity(entry.stat(follow_symlinks=False))
+                except OSError:
+                    continue  # gone meanwhile
+                stack.append(place.child(entry.name, ident))
+                continue
+        row = _classify(where, entry.name, names, part, walk, entry)
+        if row is not None:
+            row.place, row.name = place, entry.name
+            yield row
+
+
+def _one_lock_rows(place: Place, base: str, walk: Walk) -> list[Row]:
+    """PATH names one lock (its lock file or its marker): that lock's files, from one listing of its directory."""
+    if base.endswith(_marker.SUFFIX):
+        base = base[:-len(_marker.SUFFIX)]
+    where = walk.enter(place)
+    entries = walk.listing(where) if where is not None else None
+    lock = os.path.join(place.path, base)
+    rows = []
+    if where is not None:
+        with where:
+            names = {entry.name for entry in entries or ()}
+            for entry in sorted(entries or (), key=lambda e: e.name):
+                if entry.name == base or entry.name.startswith(base + _marker.SUFFIX):
+                    row = _classify(where, entry.name, names, "", walk, entry, single=entry.name == base)
+                    if row is not None:
+                        row.place, row.name = place, entry.name
+                        rows.append(row)
+    if not rows and entries is not None:
         rows.append(Row(lock, MARKER, FREE, f"neither {lock} nor {_marker.marker_path(lock)} exists: not held "
                         "(released since, or not the path of a lock: check it)", lock))
     return rows
 
 
-def _classify(path: str, name: str, names: set[str], part: str, walk: Walk, entry: os.DirEntry[str],
+def _classify(where: Directory, name: str, names: set[str], part: str, walk: Walk, entry: os.DirEntry[str],
               single: bool = False) -> Row | None:
     """The row of one directory entry, or ``None`` when it is no lock (most files: no call made)."""
     if part in ("claims", "inuse"):
-        return _shard_record(path, part, walk)
+        return _shard_record(where, name, part, walk)
     if name.endswith(_marker.SUFFIX):
-        return _marker_row(path, walk)
+        return _marker_row(where, name, walk)
     if name.endswith(_marker.SUFFIX + _marker.BREAK_SUFFIX):
-        return _break_turn_row(path, walk)
+        return _break_turn_row(where, name, walk)
     own = _OWN_NAME.fullmatch(name)
     if own is not None:
-        return _own_name_row(path, os.path.join(os.path.dirname(path), own.group(1)), walk)
+        return _own_name_row(where, name, own.group(1), walk)
     if name + _marker.SUFFIX in names and not single:
         return None  # the marker's row speaks for this lock (a native kind on a shared filesystem takes both)
     if name == TORCH_BATON_NAME and (_torch_guard(names) or part == ""):
-        return _torch_or_native(path, names, walk, entry)
+        return _torch_or_native(where, name, names, walk, entry)
     if name.endswith(_NATIVE_SUFFIX) or name == TORCH_BATON_NAME + TORCH_GUARD_SUFFIX or part == "stripes" or single:
-        return _native_row(path, walk, entry)
+        return _native_row(where, name, walk, entry)
     return None
 
 
@@ -301,16 +410,16 @@ def _torch_guard(names: set[str]) -> bool:
 # -- markers ----------------------------------------------------------------------------------------
 
 
-def _read(path: str, walk: Walk) -> _marker.Seen | None:
+def _read(where: Directory, name: str, walk: Walk) -> _marker.Seen | None:
     walk.call(4)  # open, fstat, read, close
-    return _marker.read(path)
+    return _marker.read_in(where, name)
 
 
-def _not_a_record(path: str, walk: Walk) -> tuple[str, int | None, float | None]:
-    """What sits at ``path`` that sharedfs never writes: its description, owner and age (one lstat)."""
+def _not_a_record(where: Directory, name: str, walk: Walk) -> tuple[str, int | None, float | None]:
+    """What sits at ``name`` that sharedfs never writes: its description, owner and age (one lstat)."""
     walk.call()
     try:
-        st = os.lstat(path)
+        st = where.lstat(name)
     except OSError as exc:
         return f"it cannot be looked at ({exc.strerror})", None, None
     mode = st.st_mode
@@ -321,13 +430,14 @@ def _not_a_record(path: str, walk: Walk) -> tuple[str, int | None, float | None]
     return what, st.st_uid, st.st_mtime
 
 
-def _marker_row(path: str, walk: Walk) -> Row | None:
+def _marker_row(where: Directory, name: str, walk: Walk) -> Row | None:
+    path = where.join(name)
     lock = path[:-len(_marker.SUFFIX)]
-    seen = _read(path, walk)
+    seen = _read(where, name, walk)
     if seen is None:
         return None  # released while we looked
     if not seen.readable:
-        what, owner, changed = _not_a_record(path, walk)
+        what, owner, changed = _not_a_record(where, name, walk)
         return Row(lock, MARKER, UNKNOWN, f"{what} sits at the marker, which sharedfs never writes: the lock counts "
                    "as held for every waiter. If nobody uses this lock, ask its owner to remove it", path,
                    owner=owner, changed=changed)
@@ -351,13 +461,14 @@ def _marker_row(path: str, walk: Walk) -> Row | None:
                seen=seen if state == DEAD else None)
 
 
-def _break_turn_row(path: str, walk: Walk) -> Row | None:
+def _break_turn_row(where: Directory, name: str, walk: Walk) -> Row | None:
+    path = where.join(name)
     lock = path[:-len(_marker.SUFFIX + _marker.BREAK_SUFFIX)]
-    seen = _read(path, walk)
+    seen = _read(where, name, walk)
     if seen is None:
         return None
     if seen.record is None:
-        what = "an empty or unreadable file" if seen.readable else _not_a_record(path, walk)[0]
+        what = "an empty or unreadable file" if seen.readable else _not_a_record(where, name, walk)[0]
         return Row(lock, BREAK_TURN, UNKNOWN, f"the break turn is {what}; breakers clear it after "
                    f"{_marker.BREAK_GRACE:g} s", path, owner=seen.owner)
     state, evidence = judge(seen.record)
@@ -365,13 +476,14 @@ def _break_turn_row(path: str, walk: Walk) -> Row | None:
                record=seen.record, owner=seen.owner, seen=seen if state == DEAD else None)
 
 
-def _own_name_row(path: str, marker: str, walk: Walk) -> Row | None:
+def _own_name_row(where: Directory, name: str, marker: str, walk: Walk) -> Row | None:
     """``<lock>.held.<crc>``: a taker's record under its own name, before (or while) it is linked to the marker."""
-    lock = marker[:-len(_marker.SUFFIX)]
-    seen = _read(path, walk)
+    path = where.join(name)
+    lock = where.join(marker[:-len(_marker.SUFFIX)])
+    seen = _read(where, name, walk)
     if seen is None:
         return None
-    if seen.record is None or _marker.own_name(marker, seen.data) != path:
+    if seen.record is None or _marker.own_name(marker, seen.data) != name:
         return Row(lock, OWN_NAME, UNKNOWN, "named like a taker's own record file, but its content is not the "
                    "record its name says: not sharedfs's; the lock is unaffected by it", path, owner=seen.owner)
     state, evidence = judge(seen.record)
@@ -390,8 +502,8 @@ _FLOCK = "hhqqi"
 _FLOCK_SIZE = 32
 
 
-def _native_row(path: str, walk: Walk, entry: os.DirEntry[str]) -> Row | None:
-    lock = path
+def _native_row(where: Directory, name: str, walk: Walk, entry: os.DirEntry[str]) -> Row | None:
+    path = lock = where.join(name)
     try:
         if entry.is_symlink():
             return Row(lock, NATIVE, UNKNOWN, "a symlink where a lock file should be: not followed (a planted "
@@ -403,7 +515,7 @@ def _native_row(path: str, walk: Walk, entry: os.DirEntry[str]) -> Row | None:
         return None
     walk.call(2)  # open, fstat
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+        fd = where.open_file(name, os.O_RDONLY)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -476,9 +588,11 @@ def _local_holder(pid: int, how: str) -> dict[str, Any]:
             "lock_kind": how.lower()}
 
 
-def _torch_or_native(path: str, names: set[str], walk: Walk, entry: os.DirEntry[str]) -> Row | None:
+def _torch_or_native(where: Directory, name: str, names: set[str], walk: Walk,
+                     entry: os.DirEntry[str]) -> Row | None:
     """torch's ``<build_dir>/lock``: torch < 2.14's baton (held while it exists) or torch >= 2.14's flock file."""
-    seen = _read(path, walk)
+    path = where.join(name)
+    seen = _read(where, name, walk)
     if seen is None:
         return None
     if seen.record is not None and seen.record.kind == TORCH_BATON_KIND:
@@ -488,7 +602,7 @@ def _torch_or_native(path: str, names: set[str], walk: Walk, entry: os.DirEntry[
                          "lock (torch without sharedfs may be polling it: it is never removed here)")
         return Row(path, TORCH_BATON, state, f"torch's extension build baton of a sharedfs builder: {evidence}",
                    path, record=seen.record, owner=seen.owner)
-    row = _native_row(path, walk, entry)
+    row = _native_row(where, name, walk, entry)
     if row is None or row.state != FREE or not _torch_guard(names):
         return row
     row.kind, row.state = TORCH_BATON, UNKNOWN
@@ -502,15 +616,15 @@ def _torch_or_native(path: str, names: set[str], walk: Walk, entry: os.DirEntry[
 # -- shard cache ------------------------------------------------------------------------------------
 
 
-def _shard_record(path: str, part: str, walk: Walk) -> Row | None:
+def _shard_record(where: Directory, name: str, part: str, walk: Walk) -> Row | None:
     kind = SHARD_CLAIM if part == "claims" else SHARD_READER
-    lock = path
-    seen = _read(path, walk)
+    path = lock = where.join(name)
+    seen = _read(where, name, walk)
     if seen is None:
         return None
     record = seen.record
     if record is None:
-        what = "an empty or garbled record" if seen.readable else _not_a_record(path, walk)[0]
+        what = "an empty or garbled record" if seen.readable else _not_a_record(where, name, walk)[0]
         return Row(lock, kind, UNKNOWN, f"{what}: the shard cache keeps its shard for a minute after it last "
                    "changed, then removes it", path, owner=seen.owner)
     if record.kind == "published":
@@ -577,18 +691,39 @@ def _undecidable(record: HolderRecord, policy: Any, job: str) -> str:
 
 
 class ClearRefused(Exception):
-    """The directory does not let this user remove the dead holder's marker."""
+    """This row's file stays: the directory does not let this user remove it, or (as root) its owner could not."""
 
 
 def clear(row: Row) -> bool:
-    """Remove a dead row's file by its lock's own protocol; True when this call removed it."""
+    """Remove a dead row's file by its lock's own protocol; True when this call removed it.
+
+    Everything happens in the row's directory as the walk reached it (:meth:`Place.open`): a
+    directory that changed since is not entered (:class:`Changed`, raised), so nothing outside
+    the tree the operator named is ever removed, or created.
+    """
+    seen = row.seen
+    if row.state != DEAD or seen is None or row.place is None:
+        return False
+    with row.place.open() as where:
+        return _clear_in(where, row, seen)
+
+
+def _clear_in(where: Directory, row: Row, seen: _marker.Seen) -> bool:
     from sharedfs.machinery import runtime
 
     policy = runtime.policy()
     registry = runtime.registry()
-    seen = row.seen
-    if row.state != DEAD or seen is None:
+    try:
+        st = where.lstat(row.name)
+    except FileNotFoundError:
         return False
+    if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
+        return False  # not the file that was judged dead
+    if os.geteuid() == 0 and not owner_may_remove(where.stat(), st):
+        # Root may remove anything anywhere; a clear acts for the dead holder, so it removes only what that
+        # holder could have removed itself (a file planted where its owner may not write is not its lock).
+        raise ClearRefused(f"{user_name(st.st_uid)} could not remove it from {where.path} (no write permission "
+                           "there), so it is no lock of theirs to clear: root leaves it")
 
     def dead(other: HolderRecord) -> bool:
         return registry.holder_alive(other, policy, None) is False
@@ -597,37 +732,37 @@ def clear(row: Row) -> bool:
         breaker = HolderRecord.mine(policy.node_id, "break")
         try:
             for _ in range(3):  # another breaker's turn (a waiter breaking the same dead holder) ends in ms
-                if _marker.break_stale(row.file, seen, breaker, dead):
+                if _marker.break_in(where, row.name, seen, breaker, dead):
                     return True
-                now = _marker.read(row.file)
+                now = _marker.read_in(where, row.name)
                 if now is None or now.data != seen.data or now.identity != seen.identity:
                     return False  # released, or broken and taken by someone else meanwhile: theirs now
                 time.sleep(0.05)
         except _marker.NotAllowed:
-            raise ClearRefused(row.file) from None
+            owner = user_name(row.owner) if row.owner is not None else "its owner"
+            raise ClearRefused(f"it belongs to {owner} and its directory does not let you remove another user's "
+                               "file (sticky or read-only); ask them or an administrator to run: "
+                               f"sharedfs locks --clear-dead {row.lock}") from None
         return False
     if row.kind in (OWN_NAME, BREAK_TURN):
         # No taker ever writes these names again (an own name is derived from the dead taker's record,
         # a break turn is created O_EXCL): removing the file still exactly as read is all the protocol asks.
-        try:
-            st = os.lstat(row.file)
-        except FileNotFoundError:
-            return False
-        if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
-            return False
         if row.kind == OWN_NAME and st.st_nlink > 1:
             return False  # still the marker's second name: the marker's break removes both
         try:
-            _marker._unlink_if_same(row.file, st)
+            return where.unlink_if_same(row.name, identity(st))
         except OSError:
             return False
-        return not os.path.lexists(row.file)
     return False
 
 
 def _look_again(row: Row) -> None:
     """A dead marker this run did not remove: what is there now (a waiter may have broken it and taken the lock)."""
-    now = _marker.read(row.file)
+    try:
+        with row.place.open() if row.place is not None else Directory.open(os.path.dirname(row.file)) as where:
+            now = _marker.read_in(where, row.name or os.path.basename(row.file))
+    except OSError:
+        return
     if now is None:
         row.state, row.evidence = FREE, row.evidence + "; gone before this run removed it (released or broken)"
         return
@@ -660,6 +795,16 @@ def run(paths: list[str], *, clear_dead: bool = False, older_than: float | None 
         walk: Walk | None = None, say: Callable[[str], None] | None = None) -> tuple[list[Row], list[str], int]:
     """Rows, errors and the exit status of ``sharedfs locks``."""
     walk = walk or Walk()
+    try:
+        return _run(paths, clear_dead, older_than, user, walk)
+    finally:
+        for top in walk.tops:
+            top.close()
+        walk.tops.clear()
+
+
+def _run(paths: list[str], clear_dead: bool, older_than: float | None, user: str | None,
+         walk: Walk) -> tuple[list[Row], list[str], int]:
     now = time.time()
     rows: list[Row] = []
     errors: list[str] = []
@@ -675,18 +820,24 @@ def run(paths: list[str], *, clear_dead: bool = False, older_than: float | None 
                           key=lambda r: r.kind != MARKER):
             try:
                 row.cleared = clear(row)
-            except ClearRefused:
+            except ClearRefused as refused:
                 row.cleared = False
-                owner = user_name(row.owner) if row.owner is not None else "its owner"
-                errors.append(f"cannot remove {row.file}: it belongs to {owner} and its directory does not let you "
-                              "remove another user's file (sticky or read-only); ask them or an administrator to "
-                              f"run: sharedfs locks --clear-dead {row.lock}")
+                errors.append(f"cannot remove {row.file}: {refused}")
+                continue
+            except Changed as exc:
+                row.cleared = False
+                walk.skipped.append(f"not removed {row.file}: {exc.filename} {exc.strerror} since the walk "
+                                    "listed it (nothing outside the tree is touched)")
+                continue
+            except OSError as exc:
+                row.cleared = False
+                errors.append(f"cannot remove {row.file}: {exc.strerror or exc}")
                 continue
             if row.cleared:
                 log.info("removed %s (%s)", row.file, row.evidence)
             elif row.kind == MARKER:
                 _look_again(row)
-    status = EXIT_HELD if any(r.state in (HELD, UNKNOWN) for r in rows) else EXIT_FREE
+    status = EXIT_HELD if any(r.state in (HELD, UNKNOWN) for r in rows) or walk.skipped else EXIT_FREE
     if errors:
         status = EXIT_ERROR
     return rows, errors, status
@@ -756,8 +907,12 @@ def main(paths: list[str], *, as_json: bool, clear_dead: bool, older_than: float
     if older_than is not None and not older_than >= 0:
         print(f"sharedfs locks: --older-than must be a number of seconds >= 0, not {older_than}", file=sys.stderr)
         return EXIT_ERROR
+    if user is not None and not _known_user(user):
+        print(f"sharedfs locks: --user {user}: no such user (give a user name or a numeric uid)", file=sys.stderr)
+        return EXIT_ERROR
+    walk = Walk()
     try:
-        rows, errors, status = run(paths, clear_dead=clear_dead, older_than=older_than, user=user)
+        rows, errors, status = run(paths, clear_dead=clear_dead, older_than=older_than, user=user, walk=walk)
     except LocksError as exc:
         print(f"sharedfs locks: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -766,9 +921,24 @@ def main(paths: list[str], *, as_json: bool, clear_dead: bool, older_than: float
     else:
         single = all(not os.path.isdir(p) for p in paths)
         print("\n".join(text_lines(rows, cleared=clear_dead, single=single)))
+    for line in walk.skipped:
+        print(f"sharedfs locks: {line}", file=sys.stderr)
     for error in errors:
         print(f"sharedfs locks: {error}", file=sys.stderr)
     return status
+
+
+def _known_user(user: str) -> bool:
+    """A user name this system knows, or a numeric uid (a departed user's files keep theirs)."""
+    if user.isdigit():
+        return True
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
 
 
 __all__ = ["EXIT_ERROR", "EXIT_FREE", "EXIT_HELD", "LocksError", "Row", "Walk", "judge", "main", "run"]

@@ -13,7 +13,9 @@ three rules hold for every one of them:
 * it is read with :func:`~sharedfs.fs.safefile.read_untrusted` (no symlink followed, no
   blocking open, a size cap);
 * it is removed only while its name still is the file this process created or read
-  (same ``st_dev`` and ``st_ino``): never a successor's, never a neighbour's swapped in.
+  (same ``st_dev`` and ``st_ino``): never a successor's, never a neighbour's swapped in; the check
+  and the removal are made in one open directory (:mod:`sharedfs.fs.directory`), so a parent
+  renamed in between cannot turn them into a removal elsewhere.
 """
 
 from __future__ import annotations
@@ -21,27 +23,22 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from sharedfs.fs.safefile import create_exclusive, write_all
+from sharedfs.fs.directory import Directory, Identity, identity
+from sharedfs.fs.safefile import write_all
 
-__all__ = ["Identity", "create_record", "discard_if_same", "identity", "same_file", "unlink_if_same"]
-
-#: What tells one file from another: (st_dev, st_ino).
-Identity = tuple[int, int]
-
-
-def identity(of: int | os.stat_result) -> Identity:
-    """The identity of an open descriptor, or of what a stat call returned."""
-    st = os.fstat(of) if isinstance(of, int) else of
-    return st.st_dev, st.st_ino
+__all__ = ["Identity", "create_record", "create_record_in", "discard_if_same", "identity", "same_file",
+           "unlink_if_same"]
 
 
 def same_file(path: str, fd: int) -> bool:
     """True while ``path`` names the file open as ``fd`` (False when either cannot be looked at)."""
     try:
-        there, mine = os.lstat(path), os.fstat(fd)
+        mine = identity(fd)
+        where, name = Directory.containing(path)
     except OSError:
         return False
-    return identity(there) == identity(mine)
+    with where:
+        return where.names(name, mine)
 
 
 def create_record(path: str, data: bytes, mode: int, *, prepare: Callable[[int], None] | None = None) -> int:
@@ -50,13 +47,21 @@ def create_record(path: str, data: bytes, mode: int, *, prepare: Callable[[int],
     ``prepare(fd)`` runs before the write (permissions, group).  If anything fails after
     the create, the file is removed (if its name is still ours) and closed, and the error raised.
     """
-    fd = create_exclusive(path, mode)
+    where, name = Directory.containing(path)
+    with where:
+        return create_record_in(where, name, data, mode, prepare=prepare)
+
+
+def create_record_in(where: Directory, name: str, data: bytes, mode: int, *,
+                     prepare: Callable[[int], None] | None = None) -> int:
+    """:func:`create_record` of the name ``name`` in the open directory ``where``."""
+    fd = where.create_exclusive(name, mode)
     try:
         if prepare is not None:
             prepare(fd)
         write_all(fd, data)
     except BaseException:
-        discard_if_same(path, identity(fd))
+        where.discard_if_same(name, identity(fd))
         os.close(fd)
         raise
     return fd
@@ -65,16 +70,17 @@ def create_record(path: str, data: bytes, mode: int, *, prepare: Callable[[int],
 def unlink_if_same(path: str, held: Identity) -> bool:
     """Unlink ``path`` only while it is still the file ``held`` identifies; True when this call removed it.
 
+    The check and the unlink happen in one open directory
+    (:meth:`~sharedfs.fs.directory.Directory.unlink_if_same`), never by resolving the path twice.
     A name that is gone (or gone meanwhile) is not an error; any other failure (a sticky or
     read-only directory) is raised, so the caller learns the file stays.
     """
     try:
-        if identity(os.lstat(path)) != held:
-            return False
-        os.unlink(path)
+        where, name = Directory.containing(path)
     except FileNotFoundError:
         return False
-    return True
+    with where:
+        return where.unlink_if_same(name, held)
 
 
 def discard_if_same(path: str, held: Identity) -> None:

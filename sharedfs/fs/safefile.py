@@ -25,17 +25,19 @@ RECORD_LIMIT = 4096
 NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
-def read_untrusted(path: str, limit: int = RECORD_LIMIT) -> tuple[bytes, os.stat_result] | None:
+def read_untrusted(path: str, limit: int = RECORD_LIMIT, *,
+                   dir_fd: int | None = None) -> tuple[bytes, os.stat_result] | None:
     """The bytes of the regular file ``path`` and its ``fstat``, or ``None`` when it cannot be trusted to read.
 
     Raises :class:`FileNotFoundError` when ``path`` does not exist (the caller
     usually reads that as "released"); returns ``None`` for a symlink, a FIFO, a
     device, a directory, a file longer than ``limit`` bytes, or one we may not
     read.  The stat comes from the descriptor that was read, so the content and
-    the identity (inode, change time) belong to the same file.
+    the identity (inode, change time) belong to the same file.  With ``dir_fd``, ``path`` is a
+    name in that open directory (:class:`~sharedfs.fs.directory.Directory`).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError:  # ELOOP (a symlink), EACCES, ENXIO (a FIFO without a writer), ...
@@ -54,13 +56,14 @@ def read_untrusted(path: str, limit: int = RECORD_LIMIT) -> tuple[bytes, os.stat
     return data, st
 
 
-def create_exclusive(path: str, mode: int) -> int:
+def create_exclusive(path: str, mode: int, *, dir_fd: int | None = None) -> int:
     """Create ``path``, which must not exist in any form, and return a writable descriptor.
 
     ``mode`` is filtered by the umask as usual.  Raises :class:`FileExistsError`
-    when the name exists (a file, a directory, or a symlink, dangling or not).
+    when the name exists (a file, a directory, or a symlink, dangling or not).  With ``dir_fd``,
+    ``path`` is a name in that open directory.
     """
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dir_fd)
 
 
 def write_all(fd: int, data: bytes) -> None:

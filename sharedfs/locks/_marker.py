@@ -44,8 +44,8 @@ import time
 import weakref
 from typing import Callable
 
-from sharedfs.fs.recordfile import create_record, discard_if_same, identity, unlink_if_same
-from sharedfs.fs.safefile import read_untrusted
+from sharedfs.fs.directory import Directory, identity
+from sharedfs.fs.recordfile import create_record_in, discard_if_same, same_file
 from sharedfs.model.records import HolderRecord
 from sharedfs.model.structs import frozen
 
@@ -95,31 +95,34 @@ def create(path: str, record: HolderRecord, mode: int) -> int:
     stuck for :data:`EMPTY_GRACE`), and on NFS an unflushed write shows other clients an empty
     marker while its holder is alive (the client flushes before a link).  Filesystems without
     hard links get ``O_EXCL`` and a write.  A record that cannot be written (ENOSPC, EDQUOT)
-    leaves nothing behind and raises.
+    leaves nothing behind and raises.  Every step is made in the lock's directory, opened once
+    (:class:`~sharedfs.fs.directory.Directory`).
     """
+    where, name = Directory.containing(path)
+    with where:
+        return create_in(where, name, record, mode)
+
+
+def create_in(where: Directory, name: str, record: HolderRecord, mode: int) -> int:
+    """:func:`create` of the marker ``name`` in the open directory ``where``."""
     data = record.to_bytes()
-    try:  # one lookup while someone holds it, instead of making and removing a file on every poll
-        os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        raise FileExistsError(errno.EEXIST, "the lock marker exists", path)
-    directory = os.path.dirname(path)
-    if directory not in _NO_LINKS:
-        fd = _create_linked(path, data, mode, directory)
+    if where.lexists(name):  # one lookup while someone holds it, instead of making and removing a file every poll
+        raise FileExistsError(errno.EEXIST, "the lock marker exists", where.join(name))
+    if where.path not in _NO_LINKS:
+        fd = _create_linked(where, name, data, mode)
         if fd is not None:
             return fd
-    return create_record(path, data, mode)
+    return create_record_in(where, name, data, mode)
 
 
 #: Directories whose filesystem refused a hard link: markers there are created O_EXCL and then written.
 _NO_LINKS: set[str] = set()
 
 
-def own_name(path: str, data: bytes) -> str:
-    """The name a taker writes its record under before linking it to ``path`` (derived from the record,
+def own_name(marker: str, data: bytes) -> str:
+    """The name a taker writes its record under before linking it to ``marker`` (derived from the record,
     so whoever breaks a dead holder's marker can remove a name the holder had no time to)."""
-    return f"{path}.{binascii.crc32(data):08x}"
+    return f"{marker}.{binascii.crc32(data):08x}"
 
 
 class Tampered(FileExistsError):
@@ -131,29 +134,30 @@ class Tampered(FileExistsError):
     """
 
 
-def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | None:
+def _create_linked(where: Directory, name: str, data: bytes, mode: int) -> int | None:
     """The marker made by link(2); ``None`` when this filesystem has no hard links."""
-    temp = own_name(path, data)
+    temp = own_name(name, data)
     try:
-        fd = create_record(temp, data, mode)
+        fd = create_record_in(where, temp, data, mode)
     except FileExistsError:
-        raise FileExistsError(errno.EEXIST, "another taker's record file has this name", temp) from None
+        raise FileExistsError(errno.EEXIST, "another taker's record file has this name", where.join(temp)) from None
     mine: tuple[int, int] | None = None
     try:
         try:  # once, now: on NFS (ESTALE) or FUSE an fstat of a file another process removed fails
             mine = identity(fd)
         except OSError:
-            raise _tampered(temp) from None
+            raise _tampered(where.join(temp)) from None
         try:
-            os.link(temp, path, follow_symlinks=False)
+            where.link(temp, name)
             failed: OSError | None = None
         except OSError as exc:
+            exc.filename = where.join(name)
             failed = exc
         # NFS may report an error for a link that was made (a retransmitted request answered EEXIST),
         # so whether the marker is ours is asked of the name itself (open(2) checks the link count;
         # the identity also tells a file swapped in before the link, and needs no fresh link count).
         try:
-            linked = identity(os.lstat(path)) == mine
+            linked = identity(where.lstat(name)) == mine
         except FileNotFoundError:
             linked = False
         if failed is not None and not linked:
@@ -161,30 +165,28 @@ def _create_linked(path: str, data: bytes, mode: int, directory: str) -> int | N
             # directory swapped in there answers EPERM, a name removed underneath ENOENT.  Either way
             # someone else is in the lock directory: this attempt fails as contention (fail closed), and
             # the directory keeps the link protocol.
-            if not _names(temp, mine):
-                raise _tampered(temp)
+            if not where.names(temp, mine):
+                raise _tampered(where.join(temp))
             if failed.errno in _NO_LINK_ERRNOS:
-                _NO_LINKS.add(directory)
-                discard_if_same(temp, mine)
+                _NO_LINKS.add(where.path)
+                where.discard_if_same(temp, mine)
                 _close_quietly(fd)
                 return None
             raise failed
         if not linked:
             # Someone swapped our own name for another file between its creation and the link:
             # what now sits at the marker is theirs, so the lock counts as held (fail closed).
-            raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made", path)
+            raise FileExistsError(errno.EEXIST, "the lock marker was replaced while it was being made",
+                                  where.join(name))
         # The marker is ours now, and the own name goes.  Unlinked without looking first (no extra metadata
         # operation on every acquire): what another process may have put at that name is a directory, which
         # unlink(2) refuses, or a file it could have removed itself (without the sticky bit it may remove any
         # file here; with it, it can only move its own files).  A refusal must not fail an acquire whose
         # marker is already linked: that marker would stay behind a live process that never holds the lock.
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
+        where.unlink_quietly(temp)
     except BaseException:
         if mine is not None:
-            discard_if_same(temp, mine)
+            where.discard_if_same(temp, mine)
         _close_quietly(fd)  # a FUSE client whose file was swapped for a directory answers EIO even here
         raise
     return fd
@@ -198,14 +200,6 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
-def _names(path: str, file: tuple[int, int]) -> bool:
-    """Whether ``path`` still names ``file`` (False when it cannot even be looked at)."""
-    try:
-        return identity(os.lstat(path)) == file
-    except OSError:
-        return False
-
-
 def _tampered(temp: str) -> Tampered:
     return Tampered(errno.EEXIST, "this taker's own record file was removed or replaced before it could be "
                                   "linked to the lock marker", temp)
@@ -217,7 +211,19 @@ _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMLINK, er
 def read(path: str) -> Seen | None:
     """The marker at ``path`` as it is now; ``None`` when it is gone.  Never raises for hostile content."""
     try:
-        got = read_untrusted(path)
+        where, name = Directory.containing(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return Seen(b"", (0, 0, 0), None, readable=False)
+    with where:
+        return read_in(where, name)
+
+
+def read_in(where: Directory, name: str) -> Seen | None:
+    """:func:`read` of ``name`` in the open directory ``where``."""
+    try:
+        got = where.read_untrusted(name)
     except FileNotFoundError:
         return None
     if got is None:
@@ -238,12 +244,9 @@ def collect_leftovers(marker: str, dead: Callable[[HolderRecord], bool], *, forc
 
     A taker SIGKILLed between writing its record under its own name and linking it to the
     marker leaves that file, and nobody ever uses the name again (it is derived from the dead
-    taker's record).  One goes only when it is exactly what sharedfs writes there (a regular
-    file whose record's own name is its name, with no second name: not a marker's), its writer
-    is provably gone (``dead``: the ``sharedfs_holder_alive`` rule; "cannot tell" keeps it),
-    and it is still the file that was read.  Called by a waiter (at most every
-    :data:`COLLECT_EVERY` per directory, unless ``force``) and after breaking a dead holder's
-    marker; ``sharedfs locks`` shows the rest, and ``--clear-dead`` removes them the same way.
+    taker's record).  Called by a waiter (at most every :data:`COLLECT_EVERY` per directory,
+    unless ``force``) and after breaking a dead holder's marker; ``sharedfs locks`` shows the
+    rest, and ``--clear-dead`` removes them the same way.  See :func:`collect_in`.
     """
     directory, base = os.path.split(marker)
     directory = directory or "."
@@ -251,26 +254,41 @@ def collect_leftovers(marker: str, dead: Callable[[HolderRecord], bool], *, forc
     if not force and now - _collected.get(directory, -COLLECT_EVERY) < COLLECT_EVERY:
         return 0
     _collected[directory] = now
-    prefix = base + "."
+    try:
+        where = Directory.open(directory)
+    except OSError:
+        return 0
+    with where:
+        return collect_in(where, base, dead)
+
+
+def collect_in(where: Directory, marker: str, dead: Callable[[HolderRecord], bool]) -> int:
+    """The own-name files of the marker named ``marker`` in ``where`` that may go, removed; how many went.
+
+    One goes only when it is exactly what sharedfs writes there (a regular file whose record's
+    own name is its name, with no second name: not a marker's), its writer is provably gone
+    (``dead``: the ``sharedfs_holder_alive`` rule; "cannot tell" keeps it), and it is still the
+    file that was read, in the same open directory.
+    """
+    prefix = marker + "."
     removed = 0
     try:
-        entries = [entry.name for entry in os.scandir(directory)
+        entries = [entry.name for entry in where.listing()
                    if entry.name.startswith(prefix) and _OWN_HEX.fullmatch(entry.name, len(prefix))]
     except OSError:
         return 0
     for name in entries:
-        path = os.path.join(directory, name)
         try:
-            got = read_untrusted(path)
+            got = where.read_untrusted(name)
         except FileNotFoundError:
             continue
         if got is None:
             continue  # not a file sharedfs wrote: cannot tell
         data, st = got
         record = HolderRecord.parse(data) if data else None
-        if record is None or own_name(marker, data) != path or st.st_nlink != 1:
+        if record is None or own_name(marker, data) != name or st.st_nlink != 1:
             continue  # not a taker's record under its own name, or still a marker's second name
-        if dead(record) is True and unlink_if_same_quietly(path, identity(st)):
+        if dead(record) is True and _unlink_quietly(where, name, identity(st)):
             removed += 1
     return removed
 
@@ -279,10 +297,10 @@ def collect_leftovers(marker: str, dead: Callable[[HolderRecord], bool], *, forc
 _OWN_HEX = re.compile(r"[0-9a-f]{8}")
 
 
-def unlink_if_same_quietly(path: str, file: tuple[int, int]) -> bool:
-    """:func:`~sharedfs.fs.recordfile.unlink_if_same` that answers False instead of raising."""
+def _unlink_quietly(where: Directory, name: str, file: tuple[int, int]) -> bool:
+    """:meth:`~sharedfs.fs.directory.Directory.unlink_if_same` that answers False instead of raising."""
     try:
-        return unlink_if_same(path, file)
+        return where.unlink_if_same(name, file)
     except OSError:
         return False
 
@@ -295,54 +313,71 @@ def break_stale(path: str, seen: Seen, breaker: HolderRecord,
                 dead: Callable[[HolderRecord], bool | None]) -> bool:
     """Remove the marker ``path`` if it is still exactly ``seen``; True when this call removed it.
 
+    Every step is made in the marker's directory, opened once: see :func:`break_in`.
+    """
+    try:
+        where, name = Directory.containing(path)
+    except OSError:
+        return False
+    with where:
+        return break_in(where, name, seen, breaker, dead)
+
+
+def break_in(where: Directory, name: str, seen: Seen, breaker: HolderRecord,
+             dead: Callable[[HolderRecord], bool | None]) -> bool:
+    """Remove the marker ``name`` in ``where`` if it is still exactly ``seen``; True when this call removed it.
+
     Breakers take turns through ``<marker>.break``, which holds the ``breaker``'s record, so a
     breaker killed half-way is recognised by ``dead`` (the holder check) as soon as it is gone;
-    one nobody can vouch for is cleared after :data:`BREAK_GRACE`.  Raises :class:`NotAllowed`
+    one nobody can vouch for is cleared after :data:`BREAK_GRACE`.  The turn is created, the
+    marker re-read, checked and removed, and the turn removed, all relative to ``where``:
+    a parent directory renamed meanwhile changes nothing here.  Raises :class:`NotAllowed`
     when the directory forbids it (a sticky directory, or no write permission): then only the
     marker's owner or an administrator can clear it.
     """
-    turn = path + BREAK_SUFFIX
+    turn = name + BREAK_SUFFIX
     try:
-        fd = create(turn, breaker, 0o600)
+        fd = create_in(where, turn, breaker, 0o600)
     except FileExistsError:
-        _clear_dead_breaker(turn, dead)
+        _clear_dead_breaker(where, turn, dead)
         return False
     except PermissionError as exc:
-        raise NotAllowed(exc.errno, exc.strerror, path) from None
+        raise NotAllowed(exc.errno, exc.strerror, where.join(name)) from None
     except OSError:
         return False
     try:
-        now = read(path)
+        now = read_in(where, name)
         if now is None or not now.readable or now.data != seen.data or now.identity != seen.identity:
             return False  # released, renewed or replaced since we looked
-        st = os.lstat(path)
+        st = where.lstat(name)
         if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
             return False
-        os.unlink(path)
+        if not where.unlink_if_same(name, identity(st)):
+            return False
         if st.st_nlink > 1:  # its holder died between linking its record and removing its own name
-            _unlink_if_same(own_name(path, seen.data), st)
+            where.discard_if_same(own_name(name, seen.data), identity(st))
         return True
     except PermissionError as exc:  # a sticky directory: only the owner (or root) may unlink it
-        raise NotAllowed(exc.errno, exc.strerror, path) from None
+        raise NotAllowed(exc.errno, exc.strerror, where.join(name)) from None
     except OSError:
         return False
     finally:
-        _unlink_if_same(turn, os.fstat(fd))
+        where.discard_if_same(turn, identity(fd))
         os.close(fd)
 
 
-def _clear_dead_breaker(turn: str, dead: Callable[[HolderRecord], bool | None]) -> None:
-    seen = read(turn)
+def _clear_dead_breaker(where: Directory, turn: str, dead: Callable[[HolderRecord], bool | None]) -> None:
+    seen = read_in(where, turn)
     if seen is None or not seen.readable:
         return
     try:
-        st = os.lstat(turn)
+        st = where.lstat(turn)
     except OSError:
         return
     if (st.st_dev, st.st_ino, st.st_ctime_ns) != seen.identity:
         return  # another breaker's turn began meanwhile
     if (seen.record is not None and dead(seen.record) is True) or time.time() - st.st_mtime > BREAK_GRACE:
-        _unlink_if_same(turn, st)
+        where.discard_if_same(turn, identity(st))
 
 
 def _unlink_if_same(path: str, st: os.stat_result) -> None:
@@ -424,8 +459,7 @@ class _Lease:
         self.due = time.monotonic() + self.period
         try:
             os.utime(self.fd)
-            st_fd, st_path = os.fstat(self.fd), os.lstat(self.path)
-            ok = (st_fd.st_dev, st_fd.st_ino) == (st_path.st_dev, st_path.st_ino)
+            ok = same_file(self.path, self.fd)
         except OSError:
             ok = False
         if not ok and not self.lost:

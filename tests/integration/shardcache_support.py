@@ -184,3 +184,20 @@ def sharedfs_before(dest: Path) -> dict[str, str]:
     for path in [dest, *dest.rglob("*")]:  # readable by the throwaway users too
         path.chmod(0o755 if path.is_dir() else 0o644)
     return {"PYTHONPATH": str(dest)}
+
+
+def sharedfs_at(commit: str, dest: Path) -> dict[str, str]:
+    """sharedfs as it was at ``commit`` (package, plugins, shims, autoload module), first on ``PYTHONPATH``."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        skip_or_fail("needs this repository's git history (git and .git) to run sharedfs as it was")
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "sharedfs", "plugins", "shims",
+                              "_sharedfs_bootstrap.py"], check=False, capture_output=True)
+    if archive.returncode != 0:
+        skip_or_fail(f"commit {commit[:7]} is not in this clone: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    for part in ("plugins", "shims"):  # where a wheel installs them (sharedfs/__init__.py looks there first)
+        (dest / part).rename(dest / "sharedfs" / part)
+    for path in [dest, *dest.rglob("*")]:  # readable by the throwaway users too
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return {"PYTHONPATH": str(dest)}

@@ -29,7 +29,6 @@ import grp
 import hashlib
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -39,10 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require
-from shardcache_support import User, group_of_users, scratch
+from conftest import require
+from shardcache_support import User, group_of_users, scratch, sharedfs_at
 
-from sharedfs.testing.pytest_plugin import skip_or_fail
 from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
 
 require("datasets", "needs datasets (scripts/requirements-test.txt)")
@@ -98,23 +96,6 @@ class Site:
 
     def urls(self, *numbers: int) -> str:
         return ",".join(f"http://127.0.0.1:{self.shards.port}/shard-{n:06d}.tar" for n in numbers)
-
-
-def sharedfs_at(commit: str, dest: Path) -> dict[str, str]:
-    """sharedfs as it was at ``commit`` (package, plugins, shims, autoload module), first on ``PYTHONPATH``."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        skip_or_fail("needs this repository's git history (git and .git) to run sharedfs as it was")
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "sharedfs", "plugins", "shims",
-                              "_sharedfs_bootstrap.py"], check=False, capture_output=True)
-    if archive.returncode != 0:
-        skip_or_fail(f"commit {commit[:7]} is not in this clone: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    for part in ("plugins", "shims"):  # where a wheel installs them (sharedfs/__init__.py looks there first)
-        (dest / part).rename(dest / "sharedfs" / part)
-    for path in [dest, *dest.rglob("*")]:  # readable by the throwaway users too
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return {"PYTHONPATH": str(dest)}
 
 
 @pytest.fixture(scope="module")
