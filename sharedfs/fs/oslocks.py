@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 
-__all__ = ["CONTENTION", "NO_LOCKS", "errno_name", "lock", "try_lock", "unlock"]
+__all__ = ["CONTENTION", "NO_LOCKS", "UNLOCK_UNCERTAIN", "errno_name", "lock", "try_lock", "unlock"]
 
 #: A non-blocking attempt on a lock someone else holds (lockf may say EACCES or EAGAIN: POSIX allows both).
 CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
@@ -26,8 +26,25 @@ def lock(fd: int, kind: str, *, blocking: bool = False, shared: bool = False) ->
     (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, op)
 
 
-def unlock(fd: int, kind: str) -> None:
-    (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, fcntl.LOCK_UN)
+#: What NFS answers to an unlock it could not confirm: ENOLCK when the lock manager is overwhelmed (many
+#: ranks starting at once), ESTALE when the file handle went stale.  The caller closes the descriptor next,
+#: which releases the lock in any case: as far as this process can tell, it is released.
+UNLOCK_UNCERTAIN = frozenset({errno.ENOLCK, errno.ESTALE})
+
+
+def unlock(fd: int, kind: str) -> str | None:
+    """Release ``fd``'s ``kind`` lock; the errno name when the filesystem answered :data:`UNLOCK_UNCERTAIN`.
+
+    Any other error is raised.  An uncertain answer is returned, not raised: the descriptor's close,
+    which always follows, lets go of the lock, and a framework must not fail its release for it.
+    """
+    try:
+        (fcntl.flock if kind == "flock" else fcntl.lockf)(fd, fcntl.LOCK_UN)
+    except OSError as exc:
+        if exc.errno not in UNLOCK_UNCERTAIN:
+            raise
+        return errno_name(exc)
+    return None
 
 
 def try_lock(fd: int, kind: str) -> tuple[str, str | None]:

@@ -38,7 +38,7 @@ import os
 import stat
 import threading
 from dataclasses import field
-from fcntl import LOCK_EX, LOCK_NB, LOCK_UN
+from fcntl import LOCK_EX, LOCK_NB
 from typing import Any, Callable
 
 from sharedfs.fs import oslocks
@@ -513,10 +513,15 @@ class Native:
         if hold.marker_fd is not None:
             drop_marker(hold, self.target)
         if hold.pid == os.getpid():  # flock is shared with a forked child's copy: the child must not unlock
-            if self.how == "flock":
-                fcntl.flock(hold.fd, LOCK_UN)
-            else:
-                oslocks.unlock(hold.fd, self.how)
+            uncertain = oslocks.unlock(hold.fd, self.how)
+            if uncertain is not None:
+                # NFS answered ENOLCK/ESTALE (TensorRT-LLM saw it in its remote-code lock with many ranks):
+                # close(2), which comes next, lets go of the lock whatever the server said, so the release is
+                # done as far as this process can tell; a framework's `with lock:` must not fail on it.
+                _say_once("unlock:" + uncertain, "releasing the %s lock on %s answered %s (the filesystem's lock "
+                          "manager could not confirm it); its descriptor is closed now, which releases it: treated "
+                          "as released (said once per process; others may follow)", self.how, self.target.lock_file,
+                          uncertain)
 
     def close(self, hold: Hold) -> None:
         """After :meth:`unlock`: close the descriptor (then the in-process lock of a POSIX record lock)."""

@@ -9,7 +9,12 @@
  *                            fd whose path (readlink /proc/self/fd/N) is one
  *                            of them or lies below one fails
  *   SHAREDFS_FAULT_ERRNO     ENOSYS (default), ENOLCK, EOPNOTSUPP, EINVAL,
- *                            EIO, EACCES, EAGAIN or a decimal errno number
+ *                            EIO, EACCES, EAGAIN, ESTALE or a decimal errno
+ *                            number
+ *   SHAREDFS_FAULT_ONLY      "unlock": only releases fail (flock LOCK_UN,
+ *                            lockf F_ULOCK, fcntl F_UNLCK), as NFS answers
+ *                            ENOLCK or ESTALE to an unlock when many clients
+ *                            start at once; unset: every lock call fails
  *
  * Interposed: flock, lockf, lockf64, and fcntl/fcntl64 for the lock commands
  * F_GETLK/F_SETLK/F_SETLKW (and their 64-bit and F_OFD_* variants).  Every
@@ -52,6 +57,7 @@ static int fault_errno(void)
         {"ENOSYS", ENOSYS}, {"ENOLCK", ENOLCK}, {"EOPNOTSUPP", EOPNOTSUPP},
         {"ENOTSUP", ENOTSUP}, {"EINVAL", EINVAL}, {"EIO", EIO},
         {"EACCES", EACCES}, {"EAGAIN", EAGAIN}, {"EPERM", EPERM},
+        {"ESTALE", ESTALE},
     };
     const char *value = getenv("SHAREDFS_FAULT_ERRNO");
     if (!value || !*value)
@@ -101,6 +107,13 @@ static int should_fail(int fd)
     return 0;
 }
 
+/* With SHAREDFS_FAULT_ONLY=unlock, only a release fails. */
+static int unlock_only(void)
+{
+    const char *only = getenv("SHAREDFS_FAULT_ONLY");
+    return only && strcmp(only, "unlock") == 0;
+}
+
 static int is_lock_cmd(int cmd)
 {
     switch (cmd) {
@@ -132,7 +145,7 @@ static int fail(void)
 int flock(int fd, int operation)
 {
     static flock_fn real;
-    if (should_fail(fd))
+    if ((!unlock_only() || (operation & LOCK_UN)) && should_fail(fd))
         return fail();
     if (!real)
         real = (flock_fn)real_symbol("flock", NULL);
@@ -147,6 +160,18 @@ static void *third_arg(va_list ap)
     return va_arg(ap, void *);
 }
 
+/* A set-lock command whose struct flock asks to unlock. */
+static int releases(int cmd, void *arg)
+{
+    if (cmd == F_GETLK || !arg)
+        return 0;
+#ifdef F_OFD_GETLK
+    if (cmd == F_OFD_GETLK)
+        return 0;
+#endif
+    return ((struct flock *)arg)->l_type == F_UNLCK;
+}
+
 int fcntl(int fd, int cmd, ...)
 {
     static fcntl_fn real;
@@ -154,7 +179,7 @@ int fcntl(int fd, int cmd, ...)
     va_start(ap, cmd);
     void *arg = third_arg(ap);
     va_end(ap);
-    if (is_lock_cmd(cmd) && should_fail(fd))
+    if (is_lock_cmd(cmd) && (!unlock_only() || releases(cmd, arg)) && should_fail(fd))
         return fail();
     if (!real)
         real = (fcntl_fn)real_symbol("fcntl", NULL);
@@ -168,7 +193,7 @@ int fcntl64(int fd, int cmd, ...)
     va_start(ap, cmd);
     void *arg = third_arg(ap);
     va_end(ap);
-    if (is_lock_cmd(cmd) && should_fail(fd))
+    if (is_lock_cmd(cmd) && (!unlock_only() || releases(cmd, arg)) && should_fail(fd))
         return fail();
     if (!real)
         real = (fcntl_fn)real_symbol("fcntl64", "fcntl");
@@ -180,7 +205,7 @@ int fcntl64(int fd, int cmd, ...)
 int lockf(int fd, int cmd, off_t len)
 {
     static lockf_fn real;
-    if (should_fail(fd))
+    if ((!unlock_only() || cmd == F_ULOCK) && should_fail(fd))
         return fail();
     if (!real)
         real = (lockf_fn)real_symbol("lockf", NULL);
@@ -190,7 +215,7 @@ int lockf(int fd, int cmd, off_t len)
 int lockf64(int fd, int cmd, off64_t len)
 {
     static lockf64_fn real;
-    if (should_fail(fd))
+    if ((!unlock_only() || cmd == F_ULOCK) && should_fail(fd))
         return fail();
     if (!real)
         real = (lockf64_fn)real_symbol("lockf64", "lockf");

@@ -25,6 +25,7 @@ from typing import Iterable, Mapping, Optional, Union
 
 __all__ = [
     "FAULT_ERRNO_ENV",
+    "FAULT_ONLY_ENV",
     "FAULT_PREFIXES_ENV",
     "PRELOAD_SOURCE",
     "PreloadUnavailable",
@@ -36,7 +37,8 @@ FAULT_PREFIXES_ENV = "SHAREDFS_FAULT_PREFIXES"
 FAULT_ERRNO_ENV = "SHAREDFS_FAULT_ERRNO"
 #: Ships inside the package (hatchling includes every file under sharedfs/).
 PRELOAD_SOURCE = Path(__file__).with_name("preload.c")
-_C_ERRNO_NAMES = {"ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP", "EINVAL", "EIO", "EACCES", "EAGAIN", "EPERM"}
+FAULT_ONLY_ENV = "SHAREDFS_FAULT_ONLY"
+_C_ERRNO_NAMES = {"ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP", "EINVAL", "EIO", "EACCES", "EAGAIN", "EPERM", "ESTALE"}
 _CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall"]
 
 _PathLike = Union[str, "os.PathLike[str]"]
@@ -101,11 +103,13 @@ def preload_env(
     base: Optional[Mapping[str, str]] = None,
     *,
     cache_dir: Optional[_PathLike] = None,
+    only_unlock: bool = False,
 ) -> dict[str, str]:
     """Environment (``base`` or ``os.environ`` + fault settings) for a child process.
 
     Lock calls on files in or below any of ``prefixes`` fail with
-    ``errno_name``.  Prefixes are resolved with realpath, because the library
+    ``errno_name`` (with ``only_unlock``, only the releases: NFS's answer to
+    an unlock when many clients start at once).  Prefixes are resolved with realpath, because the library
     compares against the kernel's resolved fd paths.  Our library is appended
     to any existing ``LD_PRELOAD``.
     """
@@ -119,6 +123,10 @@ def preload_env(
     env = dict(os.environ if base is None else base)
     env[FAULT_PREFIXES_ENV] = ":".join(resolved)
     env[FAULT_ERRNO_ENV] = _errno_setting(errno_name)
+    if only_unlock:
+        env[FAULT_ONLY_ENV] = "unlock"
+    else:
+        env.pop(FAULT_ONLY_ENV, None)
     existing = env.get("LD_PRELOAD", "").replace(":", " ").split()
     if lib not in existing:
         existing.append(lib)

@@ -8,6 +8,7 @@ each node's local disk); hostilefs decides what each node's locks exclude.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -162,6 +163,33 @@ def test_nfs_nolock_enolck_fails_without_sharedfs_and_works_with_it(
     with_ = run_worker(python, data, nfs.path / "cache", tmp_path / "map-with", {})
     assert with_.returncode == 0, with_.stderr
     assert outcome(with_)["digest"] == expected_digest()
+
+
+# -- NFS answering ENOLCK/ESTALE to a release -------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["ENOLCK", "ESTALE"])
+def test_an_unlock_nfs_cannot_confirm_fails_stock_datasets_and_never_reaches_it_with_sharedfs(
+    answer: str, tmp_path: Path
+) -> None:
+    """NFS answers ENOLCK (lockd overwhelmed by many ranks starting at once) or ESTALE to an *unlock*: filelock
+    raises it out of ``release()``, so ``load_dataset`` fails after its work is done.  With sharedfs the
+    release completes (the descriptor's close lets go of the lock in any case) and says so once."""
+    from sharedfs.testing.preload import preload_env
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    data = write_jsonl(tmp_path / "data.jsonl")
+    faults = preload_env([cache], answer, base={}, only_unlock=True)
+    without = run_worker(sys.executable, data, cache / "stock", tmp_path / "map-without",
+                         {**faults, "SHAREDFS_DISABLE": "1"})
+    assert without.returncode != 0
+    assert f"[Errno {getattr(errno, answer)}]" in without.stderr, without.stderr[-2000:]
+    with_ = run_worker(sys.executable, data, cache / "sharedfs", tmp_path / "map-with", faults)
+    assert with_.returncode == 0, with_.stderr[-3000:]
+    assert outcome(with_)["digest"] == expected_digest()
+    said = [line for line in with_.stderr.splitlines() if f"answered {answer}" in line]
+    assert len(said) == 1 and "treated as released" in said[0], with_.stderr[-3000:]
 
 
 # -- 8 processes, 2 nodes, one shared cache ------------------------------------------------------
