@@ -225,3 +225,10 @@ def test_a_piece_of_a_message_finds_its_entry(query: str, site: tuple[str, dict[
     fragment = urllib.parse.urlsplit(sections[0]).fragment
     heading = next((text for text, anchor in anchors.items() if anchor == fragment), fragment)
     assert query.lower() in heading.lower(), f"{query!r} leads first to {heading!r}"
+
+
+def test_the_error_page_lists_every_readme_error_linked_to_its_entry() -> None:
+    """docs/errors.md was a table of threads only; now it is the README's table, each row linked to its fix."""
+    page = (ROOT / "docs" / "errors.md").read_text()
+    linked = re.findall(r"^\| \[(.+?)\]\(troubleshooting\.md#[^)]+\) \|", page, re.M)
+    assert linked == readme_errors()
