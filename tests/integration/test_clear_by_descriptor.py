@@ -355,3 +355,33 @@ def test_the_clear_and_the_locks_break_path_make_no_removal_or_walk_by_path() ->
         hits = [f"{source}:{n}: {line.strip()}" for n, line in
                 enumerate((ROOT / source).read_text().splitlines(), 1) if by_path.search(line)]
         assert not hits, "\n".join(hits)
+
+
+def test_root_clears_only_what_the_dead_holders_owner_could_have_removed(people, before) -> None:
+    """bob's lock, taken while alice's directory let the group write, then alice closed it (0755): bob could no
+    longer remove his marker there, so root's clear, which acts for him, leaves it and says why (sharedfs as it
+    was removed it: root may remove anything); alice, whose directory it is, clears it herself."""
+    root, alice, bob = people
+    left = {}
+    for variant in ("before", "fixed"):
+        env = _env(variant, before)
+        place = alice.home / f"closed-{variant}"
+        done = alice.run(["mkdir", "-m", "2775", str(place)])
+        assert done.returncode == 0, done.stderr
+        os.chown(place, alice.uid, alice.group)
+        holder = bob.popen([sys.executable, "-c", HOLDER, str(place), "x.lock"], env=env)
+        _ready(holder, "held")
+        os.killpg(holder.pid, 9)
+        holder.wait()
+        place.chmod(0o755)
+        done = subprocess.run([sys.executable, "-m", "sharedfs", "locks", "--clear-dead", str(place)],
+                              capture_output=True, text=True, timeout=120, env=clean_env(env), cwd="/")
+        left[variant] = (place / "x.lock.held").exists(), done
+    assert left["before"][0] is False, "root's clear as it was did not remove it: the test shows nothing"
+    kept, done = left["fixed"]
+    assert kept and done.returncode == 2, (done.stdout, done.stderr)
+    assert f"{bob.name} could not remove it from" in done.stderr, done.stderr
+    by_alice = alice.run([sys.executable, "-m", "sharedfs", "locks", "--clear-dead", str(alice.home / "closed-fixed")],
+                         env={"SHAREDFS_NODE_ID": "node1"})
+    assert by_alice.returncode == 0, by_alice.stderr
+    assert not (alice.home / "closed-fixed" / "x.lock.held").exists()
