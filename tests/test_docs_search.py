@@ -232,3 +232,24 @@ def test_the_error_page_lists_every_readme_error_linked_to_its_entry() -> None:
     page = (ROOT / "docs" / "errors.md").read_text()
     linked = re.findall(r"^\| \[(.+?)\]\(troubleshooting\.md#[^)]+\) \|", page, re.M)
     assert linked == readme_errors()
+
+
+@pytest.mark.parametrize("page", ["cli", "troubleshooting"])
+def test_code_blocks_are_not_clipped_at_laptop_width(page: str, site: tuple[str, dict[str, str]],
+                                                   browser: Browser) -> None:
+    """At 1366 px (a laptop), `sharedfs doctor`'s and `locks`' output ran off the right edge behind a scroll bar."""
+    base, _ = site
+    browser.call("Emulation.setDeviceMetricsOverride",
+                 {"width": 1366, "height": 900, "deviceScaleFactor": 1, "mobile": False}, browser.session)
+    browser.call("Page.navigate", {"url": f"{base}/{page}/"}, browser.session)
+    wait = """new Promise(done => { const start = Date.now(); (function look() {
+        const blocks = [...document.querySelectorAll('.md-typeset pre > code')];
+        if ((document.readyState === 'complete' && blocks.length) || Date.now() - start > 20000)
+            done(JSON.stringify(blocks.map(c => [c.scrollWidth, c.clientWidth])));
+        else setTimeout(look, 100); })(); })"""
+    time.sleep(0.3)
+    sizes = json.loads(browser.call("Runtime.evaluate", {"expression": wait, "awaitPromise": True,
+                                                         "returnByValue": True}, browser.session)["result"]["value"])
+    assert sizes, f"no code blocks found on {page}"
+    clipped = [size for size in sizes if size[0] > size[1] + 1]
+    assert not clipped, f"{len(clipped)} of {len(sizes)} code blocks on {page} scroll sideways: {clipped[:5]}"
