@@ -45,8 +45,9 @@ from sharedfs.testing.scenarios import (
 
 __all__ = ["OLD_FILELOCK", "Result", "main", "render", "render_html", "render_markdown", "run_demo"]
 
-#: What ``pip install 'sharedfs[demo]'`` brings (pyproject.toml's ``demo`` extra); named in skip messages.
-DEMO_EXTRA = "sharedfs[demo]"
+#: What brings every framework the demo runs (pyproject.toml's ``demo`` extra), named in skip messages: from a
+#: clone, since sharedfs is not on PyPI yet (``pip install 'sharedfs[demo]'`` would find nothing).
+DEMO_EXTRA = "pip install '.[demo]' in a clone of sharedfs"
 
 
 @dataclass
@@ -194,7 +195,7 @@ def run_one(scenario: Scenario, sim: Sim, fuse: bool, why_not_fuse: str) -> Resu
     missing = missing_modules(scenario.needs)
     if missing:
         result.skipped = f"needs {', '.join(missing)}, not installed"
-        result.install = f"{install_command(missing)}  (or everything the demo uses: pip install '{DEMO_EXTRA}')"
+        result.install = f"{install_command(missing)}  (or everything the demo uses: {DEMO_EXTRA})"
     elif scenario.needs_fuse and not fuse:
         result.skipped = f"needs FUSE to simulate a second node's view of the filesystem ({why_not_fuse})"
         if "mfusepy" in why_not_fuse:
