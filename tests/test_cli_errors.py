@@ -121,6 +121,16 @@ def test_a_closed_stdout_ends_quietly(name: str, setting: str, tmp_path: Path) -
             assert_one_line(proc, name.split()[0])
 
 
+@pytest.mark.parametrize("args", [["--help"], ["doctor", "--help"], ["--version"]])
+def test_help_into_a_closed_pipe_ends_quietly(args: list[str]) -> None:
+    write = _closed_pipe()
+    try:
+        proc = sharedfs(*args, stdout=write)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode == 141, (proc.returncode, proc.stderr)
+
+
 def test_the_console_script_and_a_real_head_end_quietly(tmp_path: Path) -> None:
     """`sharedfs doctor DIR | head -1` in a real shell, through the installed console script."""
     script = Path(sys.executable).with_name("sharedfs")

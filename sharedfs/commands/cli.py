@@ -159,8 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     _suggest_command(parser, words)
-    args = parser.parse_args(words)
+    args = argparse.Namespace(command=None)
     try:
+        args = parser.parse_args(words)  # --help and --version print here: a closed pipe too
         if args.command not in REPORTS_CONFIG_ERROR:
             _check_settings()
         code = int(args.func(args) or 0)
@@ -168,6 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_PIPE
+    except SystemExit:  # argparse after --help, --version or a usage error: its output is still buffered
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+            return EXIT_PIPE
+        raise
     except Exception as exc:  # noqa: BLE001 - only what error_line() knows; anything else is a bug: re-raised
         line = error_line(exc)
         if line is None:
