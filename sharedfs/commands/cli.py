@@ -947,7 +947,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if problem:
             errors.append({"path": path, "error": problem})
             if not args.json:
-                _stderr(f"sharedfs doctor: {path}: {problem}")
+                _stderr(f"sharedfs doctor: {path + ': ' if path else ''}{problem}")
             continue
         report = doctor_report(path)
         reports.append(report)
@@ -957,12 +957,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"version": __version__, "paths": reports, "errors": errors}, indent=2))
         for error in errors:
-            _stderr(f"sharedfs doctor: {error['path']}: {error['error']}")
+            _stderr(f"sharedfs doctor: {error['path'] + ': ' if error['path'] else ''}{error['error']}")
     return EXIT_USAGE if errors else EXIT_OK
 
 
 def doctor_path_problem(path: str) -> str | None:
     """Why ``doctor`` cannot probe ``path`` (it probes directories: it creates its files there), or None."""
+    if not path:  # never the current directory in its place: `sharedfs doctor "$CACHE"` with CACHE unset
+        return "an empty PATH (an unset variable in a script?): name the directory to probe"
     if os.path.isdir(path):
         return None
     parent = nearest_directory(path)

@@ -54,6 +54,9 @@ def test_doctor_reports_every_usable_path_after_a_missing_one(tmp_path: Path) ->
     assert proc.stdout.splitlines()[0] == str(tmp_path) and "  filesystem : " in proc.stdout
     assert proc.stderr.splitlines() == [f"sharedfs doctor: {missing}: no such file or directory; the nearest "
                                         f"directory that exists is {tmp_path} (`sharedfs doctor {tmp_path}`)"]
+    empty = sharedfs("doctor", "", str(tmp_path))  # `sharedfs doctor "$CACHE"` with CACHE unset
+    assert empty.returncode == 2 and empty.stdout.splitlines()[0] == str(tmp_path)
+    assert empty.stderr == "sharedfs doctor: an empty PATH (an unset variable in a script?): name the directory to probe\n"
     data = json.loads(sharedfs("doctor", "--json", str(missing), str(tmp_path)).stdout)
     assert [report["path"] for report in data["paths"]] == [str(tmp_path)]
     assert [error["path"] for error in data["errors"]] == [str(missing)]
