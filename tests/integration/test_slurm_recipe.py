@@ -111,7 +111,7 @@ def readme_recipe() -> str:
 def old_recipe() -> str:
     """The recipe when `sharedfs env` still exported the node id: in a batch script, the batch node's name."""
     recipe = readme_recipe()
-    line = next(line for line in recipe.splitlines() if line.startswith('eval "$(sharedfs env)"'))
+    line = next(line for line in recipe.splitlines() if line.startswith('eval "$exports"'))
     return recipe.replace(line, line + '\nexport SHAREDFS_NODE_ID="$SLURMD_NODENAME"  # what sharedfs env printed')
 
 
