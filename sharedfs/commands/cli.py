@@ -374,8 +374,9 @@ def _mounts(paths: list[tuple[str | None, str]]) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a report for a bug report must not fail on one path
             rows.append({"path": path, "what": what, "error": f"{type(exc).__name__}: {exc}"})
             continue
+        options = ",".join(key if value is None else f"{key}={value}" for key, value in fs.mount.options.items())
         rows.append({"path": path, "what": what, "kind": fs.kind, "fstype": fs.mount.fstype,
-                     "mount_point": fs.mount.mount_point, "options": fs.mount.raw_options, "shared": fs.shared})
+                     "mount_point": fs.mount.mount_point, "options": options, "shared": fs.shared})
     return rows
 
 
