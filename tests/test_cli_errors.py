@@ -155,3 +155,21 @@ def test_a_set_e_batch_script_stops_at_a_bad_setting_with_one_line() -> None:
     good = subprocess.run(["bash", "-c", recipe], capture_output=True, text=True, env=clean_env(), timeout=300,
                           check=False)
     assert good.returncode == 0 and good.stdout.startswith("reached: /"), (good.stdout, good.stderr)
+
+
+def test_ctrl_c_ends_a_command_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while `doctor --cross-node` waits for the other nodes: one line and 130, not a KeyboardInterrupt traceback."""
+    import signal
+    import time
+
+    env = clean_env({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_NODES": "2", "SHAREDFS_NODE_ID": "a"})
+    proc = subprocess.Popen([sys.executable, "-m", "sharedfs", "doctor", "--cross-node", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.glob(".sharedfs-crossnode-42.*/*")):  # it has met the rendezvous: now it waits
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err == "sharedfs doctor: interrupted\n" and proc.returncode == 130, (proc.returncode, err)

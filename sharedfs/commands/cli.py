@@ -150,6 +150,8 @@ EXIT_USAGE = 2
 #: stdout was closed before everything was written (``sharedfs status | head -1``), as a shell
 #: reports a program ended by SIGPIPE (128 + 13); nothing is printed about it.
 EXIT_PIPE = 141
+#: Interrupted (Ctrl-C), as a shell reports a program ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
 #: Commands that report a bad setting themselves, with everything else they can show.
 REPORTS_CONFIG_ERROR = ("status",)
 
@@ -169,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_PIPE
+    except KeyboardInterrupt:  # Ctrl-C during a probe, a walk or a wait for other nodes
+        _stderr(f"sharedfs {args.command or ''}: interrupted".replace(" :", ":"))
+        return EXIT_INTERRUPTED
     except SystemExit:  # argparse after --help, --version or a usage error: its output is still buffered
         try:
             sys.stdout.flush()
