@@ -173,3 +173,20 @@ def test_ctrl_c_ends_a_command_in_one_line(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err == "sharedfs doctor: interrupted\n" and proc.returncode == 130, (proc.returncode, err)
+
+
+def test_a_fifo_planted_in_the_cross_node_meeting_place_does_not_hang_doctor(tmp_path: Path) -> None:
+    """Any member of the group can create files in the shared path under test: a FIFO named like another node's
+    post (`hello@b`) made `doctor --cross-node` block for ever in its read (no writer ever comes). Now it is read
+    as untrusted (no blocking open), and the probe ends at its --timeout with one line."""
+    meeting = tmp_path / ".sharedfs-crossnode-42.0"
+    meeting.mkdir()
+    os.mkfifo(meeting / "hello@b")
+    env = clean_env({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_NODES": "2", "SHAREDFS_NODE_ID": "a"})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sharedfs", "doctor", "--cross-node", "--timeout", "2",
+                               str(tmp_path)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("doctor --cross-node still blocked on the planted FIFO after 60 s (its --timeout is 2 s)")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("sharedfs doctor --cross-node: waited 2 s in ") and proc.stderr.count("\n") == 1

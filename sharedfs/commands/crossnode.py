@@ -37,12 +37,15 @@ from typing import Any
 
 from sharedfs.fs import oslocks
 from sharedfs.fs.publish import publish
+from sharedfs.fs.safefile import read_untrusted
 from sharedfs.machinery import choices, runtime
 
 __all__ = ["CrossNodeError", "run"]
 
 POLL = 0.02
 EXCL_NAMES = 20
+#: A node's posted report is a few kB of JSON; anything longer was not written by a task of this probe.
+REPORT_LIMIT = 1 << 20
 
 
 class CrossNodeError(RuntimeError):
@@ -77,8 +80,13 @@ class _Meeting:
             if len(found) >= self.nodes:
                 out = {}
                 for entry in found:
+                    # The path under test is shared: any member may plant a FIFO, a symlink or a huge file
+                    # under a node's name. Read it as untrusted (no blocking open, no symlink, a size cap).
                     try:
-                        out[entry[len(prefix):]] = json.loads((self.dir / entry).read_text())
+                        read = read_untrusted(str(self.dir / entry), REPORT_LIMIT)
+                        if read is None:
+                            break  # not a report a task published: wait for the real ones (or the timeout)
+                        out[entry[len(prefix):]] = json.loads(read[0])
                     except (OSError, ValueError):
                         break  # visible but not yet readable here: look again
                 else:
