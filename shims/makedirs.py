@@ -10,21 +10,28 @@ negative-lookup cache: "no such directory".  The standard library then raises
 ``FileNotFoundError`` for the child of a parent that answered EEXIST a moment before
 (Automodel#3686, prime-rl#2699, mlcommons/storage#699).
 
-The guard changes only that error path.  The original runs first, unchanged; only when it
-raises ``FileExistsError`` with ``exist_ok=True`` (the path did not look like a directory),
-or ``FileNotFoundError`` right after an ancestor answered EEXIST, and only where the
-filesystem plugins classify the path as shared, does the guard wait until the path is
-visible here (:func:`sharedfs.wait_for`: it re-lists the parent, which makes NFS revalidate,
-and one waiter per node looks), then run the original again, with backoff, until it succeeds
-or ``SHAREDFS_WAIT_TIMEOUT`` passes.  A regular file in the way, ``exist_ok=False``, a local
-filesystem: the exception the standard library raised, the same object.  On timeout it is
-still the caller's exception type (its ``except FileExistsError`` keeps working), with a note
+The guard changes only that error path, and waits only on the lag's own symptom: mkdir
+answered EEXIST, yet this node's lookup finds nothing there.  The original runs first,
+unchanged; only when it raises ``FileExistsError`` with ``exist_ok=True`` (the path did not
+look like a directory), or for a parent that ``os.makedirs`` is about to swallow the error of
+and make a child in, and only where the filesystem plugins classify the path as shared, does
+the guard wait until the path is visible here (:func:`sharedfs.wait_for`: it re-lists the
+parent, which makes NFS revalidate, and one waiter per node looks), then run the original
+again.  Whatever re-listing does not change is the standard library's answer, at its speed
+and as the same object: a regular file or a dangling symlink in the way (visible, not a
+directory), a second EEXIST for a path this node now sees, ``exist_ok=False`` from the
+caller, any FileNotFoundError (a missing parent), a local filesystem.  On timeout it is still
+the caller's exception type (its ``except FileExistsError`` keeps working), with a note
 (PEP 678; a log line before Python 3.11) that says what sharedfs waited for and what to raise.
 
 Recursion: ``os.makedirs`` creates a missing parent through the module's global
 ``makedirs`` and ``Path.mkdir`` through ``self.parent.mkdir``, so each level goes through
 the guard and recovers its own EEXIST; the levels of one call share one deadline (a
-thread-local), so a deep path never waits longer than the setting says.
+thread-local), so a deep path never waits longer than the setting says.  ``os.makedirs``
+swallows a parent's FileExistsError and then fails on the child with FileNotFoundError: when
+the parent's guard waited the whole timeout, the child's error carries the same note; that
+memory matches only an error raised inside that very ``os.makedirs`` call (its frame), so a
+FileExistsError a caller handled never makes a later call wait.
 
 Names bound before the shim applied (``from os import makedirs``) keep the original:
 :func:`sharedfs.makedirs` is the API for them (``docs/api.md``).
@@ -36,8 +43,9 @@ import functools
 import logging
 import os
 import pathlib
+import sys
 import time
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Callable
 
 from sharedfs.cluster.dirs import wait_for
@@ -55,27 +63,21 @@ MAX_PAUSE = 1.0
 
 _recent = pending.recent  # this thread's guard state, shared with the pending guards
 _absolute = pending.absolute
-_remember = pending.remember
 
 
-def _awaited(exc: OSError, exist_ok: bool) -> str | None:
-    """The path to wait for before running the original again, or None: this error is not the guard's."""
-    if isinstance(exc, FileExistsError):
-        if not exist_ok or exc.filename is None:
-            return None
-        path = _absolute(exc.filename)
-    else:
-        last, _recent.eexist = _recent.eexist, None
-        if last is None or exc.filename is None:
-            return None
-        ancestor, waited_out = last
-        missing = _absolute(exc.filename)
-        if not missing.startswith(ancestor.rstrip(os.sep) + os.sep):
-            return None
-        if waited_out is not None:  # the ancestor's guard waited the whole timeout already: say so, once
-            _annotate(exc, waited_out)
-            return None
-        path = ancestor
+def _awaited(exc: OSError, exist_ok: bool, caller: FrameType | None) -> str | None:
+    """The path whose lagging visibility could explain ``exc``, on a shared filesystem; None: not the guard's.
+
+    Only EEXIST can be the lag: mkdir found the path, this node's lookup did not.  With ``exist_ok``
+    (the standard library then asked ``isdir``), or where ``os.makedirs`` swallows the error and goes on
+    to make a child, which needs the parent visible here.  A FileNotFoundError never waits: the parent a
+    child's mkdir missed is the one a guard of this very call waited for already, or none was.
+    """
+    if not isinstance(exc, FileExistsError) or exc.filename is None:
+        return None
+    if not exist_ok and not pending.swallows(caller):
+        return None
+    path = _absolute(exc.filename)
     try:
         shared = choices.filesystem(path).shared
     except (OSError, LookupError):
@@ -84,14 +86,22 @@ def _awaited(exc: OSError, exist_ok: bool) -> str | None:
 
 
 def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: tuple[Any, ...],
-             timeout: float) -> OSError | None:
-    """Wait and retry where ``exc`` is a shared filesystem's lag; None once a retry succeeded, else what to raise."""
+             timeout: float, caller: FrameType | None) -> OSError | None:
+    """Wait and retry where ``exc`` is a shared filesystem's lag; None once a retry succeeded, else what to raise.
+
+    ``caller``: the frame that called the guard (``os.makedirs`` one level up swallows a parent's EEXIST).
+    """
+    if isinstance(exc, FileNotFoundError):
+        note = pending.recall(exc)  # the parent this very call swallowed an EEXIST for was waited out: say so
+        if note is not None:
+            _annotate(exc, note)
+        return exc
+    _recent.eexist = None  # the memory is for the FileNotFoundError the call that made it raises next, only
+    if _waited_out(exc):  # a parent's guard waited the whole timeout for it (Path.mkdir lets it through)
+        return exc
     current = exc
-    if _waited_out(current):  # a parent's guard waited the whole timeout for it (Path.mkdir lets it through)
-        return current
-    awaited = _awaited(current, exist_ok)
+    awaited = _awaited(current, exist_ok, caller)
     if awaited is None:
-        _remember(current, None)
         return current
     outermost = _recent.deadline is None
     if outermost:
@@ -99,40 +109,46 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
     deadline: float = _recent.deadline  # type: ignore[assignment]
     pause = FIRST_PAUSE
     try:
-        while awaited is not None:
+        while True:
             try:
                 wait_for(awaited, max(0.0, deadline - time.monotonic()), what=f"directory {awaited}")
             except WaitTimeout as gave_up:
                 note = (f"{NOTE}mkdir of {awaited} answered EEXIST but the directory stayed invisible on "
                         f"this node (a shared filesystem's metadata lagging behind the node that made it): {gave_up}")
                 _annotate(current, note)
-                _remember(current, note)
+                pending.remember(caller, current, note)
                 return current
-            if isinstance(current, FileExistsError) and not os.path.isdir(awaited):
-                break  # visible and not a directory: something else is in the way, as the stdlib said
+            if not exist_ok:
+                return current  # visible now: os.makedirs, which swallows this, can make the child
+            if not os.path.isdir(awaited):
+                return current  # visible and not a directory (a file, a dangling link): as the stdlib said
             try:
                 original(*args)
-            except (FileExistsError, FileNotFoundError) as again:
-                current = again
+            except FileNotFoundError as again:
+                return _recover(again, exist_ok, original, args, timeout, caller)  # only a note, never a wait
+            except FileExistsError as again:
+                previous, current = awaited, again
             else:
                 decision("makedirs: a directory another node created was not visible here yet; sharedfs waited "
                          "for it instead of raising (SHAREDFS_WAIT_TIMEOUT bounds the wait)")
                 return None
-            awaited = _awaited(current, exist_ok)
-            if awaited is not None:
-                if time.monotonic() >= deadline:  # visible each time, yet each retry failed: never loop on
-                    note = (f"{NOTE}{awaited} became visible on this node, but mkdir kept failing until "
-                            f"SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
-                    _annotate(current, note)
-                    _remember(current, note)
-                    return current
-                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
-                pause = min(pause * 2, MAX_PAUSE)
+            if _waited_out(current):  # a level below waited the whole timeout already
+                return current
+            awaited = _awaited(current, exist_ok, caller)
+            if awaited is None or awaited == previous:
+                # EEXIST again for the path this node now sees as a directory: not the lag (re-listing the
+                # parent changed nothing), whatever it is the standard library's answer stands.
+                return current
+            if time.monotonic() >= deadline:  # visible each time, yet each retry failed: never loop on
+                note = (f"{NOTE}{awaited} became visible on this node, but mkdir kept failing until "
+                        f"SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
+                _annotate(current, note)
+                return current
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(pause * 2, MAX_PAUSE)
     finally:
         if outermost:
             _recent.deadline = None
-    _remember(current, None)
-    return current
 
 
 #: How every note the guard adds begins: an exception carrying one was waited for already.
@@ -165,14 +181,15 @@ def guard_makedirs(original: Callable[..., None], timeout: float) -> Callable[..
         except (FileExistsError, FileNotFoundError) as exc:
             # The arguments are passed on, never captured by a closure: a closure over them would make
             # them cells, which every call (the success path too) would pay for.
-            raised = _recover(exc, exist_ok, original, (name, mode, exist_ok), timeout)
+            raised = _recover(exc, exist_ok, original, (name, mode, exist_ok), timeout, sys._getframe(1))
             if raised is exc:
                 raise
             if raised is not None:
                 raise raised from None
             return None
 
-    makedirs.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
+    makedirs.__dict__[pending.RECOVER] = lambda exc, exist_ok, args, caller: _recover(exc, exist_ok, original, args,
+                                                                                     timeout, caller)
     return makedirs
 
 
@@ -184,14 +201,15 @@ def guard_mkdir(original: Callable[..., None], timeout: float) -> Callable[..., 
         try:
             return original(self, mode, parents, exist_ok)
         except (FileExistsError, FileNotFoundError) as exc:
-            raised = _recover(exc, exist_ok, original, (self, mode, parents, exist_ok), timeout)
+            raised = _recover(exc, exist_ok, original, (self, mode, parents, exist_ok), timeout, sys._getframe(1))
             if raised is exc:
                 raise
             if raised is not None:
                 raise raised from None
             return None
 
-    mkdir.__dict__[pending.RECOVER] = lambda exc, exist_ok, args: _recover(exc, exist_ok, original, args, timeout)
+    mkdir.__dict__[pending.RECOVER] = lambda exc, exist_ok, args, caller: _recover(exc, exist_ok, original, args,
+                                                                                  timeout, caller)
     return mkdir
 
 

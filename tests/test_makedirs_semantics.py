@@ -9,6 +9,12 @@ shim's guard and the pending guards ``import torch`` puts in place are compared.
 comparison runs in a separate interpreter, as root and as a throwaway user (permission
 denied exists only for the latter), and first shows it can tell: the usual hand-written fix
 (``except FileExistsError: pass`` when ``exist_ok``) differs from the standard library.
+
+The same comparison runs again on a filesystem classified as shared (hostilefs, an honest FUSE
+passthrough), where the guard is live, with ``SHAREDFS_WAIT_TIMEOUT=3``: every case must also end
+in under a second.  Before, a dangling symlink as a parent (``os.makedirs("dl/x")``, also four
+levels deep, either ``exist_ok``) waited the whole timeout; and an ``exist_ok=False`` error a caller
+had handled made a later, unrelated mkdir below that directory (since removed) wait it too.
 """
 
 from __future__ import annotations
@@ -19,19 +25,24 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import unixusers
 from conftest import clean_env
 
 import sharedfs
+from sharedfs.testing import hostilefs
+from sharedfs.testing.pytest_plugin import skip_or_fail
 
 CHECKOUT = str(Path(sharedfs.__file__).resolve().parents[1])
 SITE = sysconfig.get_paths()["purelib"]
 
 COMPARE = textwrap.dedent(r'''
-    import functools, json, os, pathlib, shutil, stat, sys
+    import functools, json, os, pathlib, shutil, stat, sys, time
 
     root = sys.argv[1]
     os.umask(0o022)
@@ -39,8 +50,9 @@ COMPARE = textwrap.dedent(r'''
 
 
     def build():
-        if os.path.isdir(os.path.join(root, "ro")):
-            os.chmod(os.path.join(root, "ro"), 0o755)  # the last case's tree: let it be removed
+        for locked in ("ro", "nx"):
+            if os.path.isdir(os.path.join(root, locked)):
+                os.chmod(os.path.join(root, locked), 0o755)  # the last case's tree: let it be removed
         shutil.rmtree(root, ignore_errors=True)
         os.mkdir(root)
         os.mkdir(os.path.join(root, "d"))
@@ -49,8 +61,11 @@ COMPARE = textwrap.dedent(r'''
         os.symlink("d", os.path.join(root, "ld"))
         os.symlink("f", os.path.join(root, "lf"))
         os.symlink("nowhere", os.path.join(root, "dl"))
+        os.symlink("loop", os.path.join(root, "loop"))  # ELOOP
         os.makedirs(os.path.join(root, "ro", "d"))
-        os.chmod(os.path.join(root, "ro"), 0o555)
+        os.chmod(os.path.join(root, "ro"), 0o555)  # no write: EACCES (as a user)
+        os.makedirs(os.path.join(root, "nx", "d"))
+        os.chmod(os.path.join(root, "nx"), 0o600)  # no search: EACCES (as a user), even for nx/d
 
 
     def tree():
@@ -58,12 +73,16 @@ COMPARE = textwrap.dedent(r'''
         for dirpath, dirnames, filenames in os.walk(root):
             for name in sorted(dirnames + filenames):
                 path = os.path.join(dirpath, name)
-                found.append((os.path.relpath(path, root), oct(os.lstat(path).st_mode)))
+                try:
+                    mode = oct(os.lstat(path).st_mode)
+                except PermissionError:  # listed in a directory the caller may read but not search (nx)
+                    mode = None
+                found.append((os.path.relpath(path, root), mode))
         return sorted(found)
 
 
-    PATHS = ["d", "new", "a/b/c", "f", "f/x", "m/x", "ld", "lf", "dl", "dl/x", "d/.", "n/.", "d/", "ro/d",
-             "ro/new", "ro/new/x", ""]
+    PATHS = ["d", "new", "a/b/c", "f", "f/x", "m/x", "ld", "lf", "dl", "dl/x", "dl/x/y/z", "loop", "loop/x",
+             "d/.", "n/.", "d/", "ro/d", "ro/new", "ro/new/x", "nx/d", "nx/new/x", ""]
     CASES = []
     for rel in PATHS:
         for mode in (0o777, 0o700):
@@ -79,6 +98,7 @@ COMPARE = textwrap.dedent(r'''
         kind, rel, mode, parents, exist_ok, as_bytes = case
         build()
         path = os.path.join(root, rel) if rel else ""
+        start = time.monotonic()
         try:
             if kind == "makedirs":
                 os.makedirs(os.fsencode(path) if as_bytes else path, mode, exist_ok=exist_ok)
@@ -89,6 +109,7 @@ COMPARE = textwrap.dedent(r'''
             outcome = [type(exc).__name__, getattr(exc, "errno", None), str(exc),
                        os.fsdecode(exc.filename) if getattr(exc, "filename", None) is not None else None,
                        getattr(exc, "filename2", None), list(getattr(exc, "__notes__", []))]
+        took[-1].append(time.monotonic() - start)
         return [outcome, tree()]
 
 
@@ -103,17 +124,20 @@ COMPARE = textwrap.dedent(r'''
         return makedirs
 
 
+    took = [[]]  # seconds each case took, per implementation
     results = {"stdlib": [run(case) for case in CASES]}
     os.makedirs = naive(stdlib["makedirs"])
+    took.append([])
     results["naive"] = [run(case) for case in CASES]
     os.makedirs = stdlib["makedirs"]
 
-    from sharedfs.model.policy import resolve
+    from sharedfs.machinery import runtime
     from sharedfs.shims.makedirs import MakedirsShim
 
     shim = MakedirsShim()
-    shim.patch(resolve([]))
+    shim.patch(runtime.policy())  # SHAREDFS_WAIT_TIMEOUT as the environment says
     guarded = (os.makedirs, pathlib.Path.mkdir)
+    took.append([])
     results["guarded"] = [run(case) for case in CASES]
     shim.unpatch()
 
@@ -124,23 +148,28 @@ COMPARE = textwrap.dedent(r'''
     def pending_case(case):
         shim.unpatch()
         pending.withdraw()
-        pending.install(lambda: shim.patch(resolve([])))
+        pending.install(lambda: shim.patch(runtime.policy()))
         return run(case)
 
+    took.append([])
     results["pending"] = [pending_case(case) for case in CASES]
     shim.unpatch()
     pending.withdraw()
     results["patched"] = [guarded[0] is not stdlib["makedirs"], guarded[1] is not stdlib["mkdir"]]
     results["restored"] = [os.makedirs is stdlib["makedirs"], pathlib.Path.mkdir is stdlib["mkdir"]]
     results["cases"] = [list(case) for case in CASES]
+    results["took"] = dict(zip(["stdlib", "naive", "guarded", "pending"], took))
     os.chmod(os.path.join(root, "ro"), 0o755)
+    os.chmod(os.path.join(root, "nx"), 0o755)
+    from sharedfs.machinery import choices
+    results["shared"] = choices.filesystem(root).shared
     print(json.dumps(results))
 ''')
 
 
-def _compare(argv: list[str], root: Path, **kwargs: object) -> dict:
-    out = subprocess.run([*argv, "-c", COMPARE, str(root)], capture_output=True, text=True, timeout=120,
-                         env=clean_env(), **kwargs)  # type: ignore[call-overload]
+def _compare(argv: list[str], root: Path, extra: dict[str, str] | None = None, **kwargs: object) -> dict:
+    out = subprocess.run([*argv, "-c", COMPARE, str(root)], capture_output=True, text=True, timeout=900,
+                         env=clean_env(extra), **kwargs)  # type: ignore[call-overload]
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -168,15 +197,172 @@ def test_guard_matches_the_standard_library_for_every_argument_combination(tmp_p
     _check(results, denied=os.geteuid() != 0)
 
 
-def test_guard_matches_the_standard_library_where_permission_is_denied(tmp_path: Path) -> None:
-    with unixusers.throwaway_users(1) as (user,):
-        work = tmp_path / "user"
+def test_guard_matches_the_standard_library_where_permission_is_denied() -> None:
+    with _reachable() as base, unixusers.throwaway_users(1) as (user,):
+        work = base / "user"
         work.mkdir()
         os.chown(work, user.uid, user.gid)
-        try:
-            with unixusers.may_run_this_python(user, CHECKOUT, SITE, str(work)):
-                results = _compare([sys.executable], work / "tree", user=user.uid, group=user.gid, extra_groups=[],
-                                   start_new_session=True)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        with unixusers.may_run_this_python(user, CHECKOUT, SITE):
+            results = _compare([sys.executable], work / "tree", user=user.uid, group=user.gid, extra_groups=[],
+                               start_new_session=True)
     _check(results, denied=True)
+
+
+@contextmanager
+def _reachable() -> Iterator[Path]:
+    """A directory every user may traverse, outside pytest's own: a pytest session starting meanwhile
+    chmods its base to 0700, which masks an ACL granting a throwaway user the way in."""
+    base = Path(tempfile.mkdtemp(prefix="sharedfs-makedirs-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        for path in base.rglob("*"):  # the comparison's last tree may have left unsearchable directories
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# On a filesystem the plugins classify as shared (hostilefs, honest passthrough: FUSE counts as shared) the
+# guard is live: there it must still end as the standard library does, at the standard library's speed.  A
+# wait is the guard's only way to differ in time; with SHAREDFS_WAIT_TIMEOUT=3 a case that waited takes 3 s.
+WAIT = {"SHAREDFS_WAIT_TIMEOUT": "3"}
+STOCK_SPEED = 1.0  # seconds: far below the wait, far above a passthrough mkdir
+
+
+def _slow(results: dict, impl: str) -> list:
+    return [(case, round(took, 2)) for case, took in zip(results["cases"], results["took"][impl]) if took > STOCK_SPEED]
+
+
+def _check_shared(results: dict, *, denied: bool) -> None:
+    assert results["shared"] is True  # the guard acts here (on a local disk it never waits)
+    assert _slow(results, "stdlib") == []
+    # Before: the dangling link as a parent (dl/x, dl/x/y/z: os.makedirs) waited the whole timeout for
+    # FileNotFoundError, noting "dl became visible on this node, but mkdir kept failing".
+    assert _slow(results, "guarded") == []
+    assert _slow(results, "pending") == []
+    _check(results, denied=denied)
+
+
+def test_guard_on_a_shared_filesystem_fails_as_the_standard_library_at_its_speed(hostile_mount) -> None:
+    mount = hostile_mount("plain")
+    results = _compare([sys.executable], Path(mount.path) / "tree", WAIT)
+    _check_shared(results, denied=os.geteuid() != 0)
+
+
+@contextmanager
+def _reachable_mount() -> Iterator[hostilefs.HostileMount]:
+    """A hostilefs mount in a directory every user may traverse (:func:`_reachable`)."""
+    ok, reason = hostilefs.fuse_available()
+    if not ok:
+        skip_or_fail(f"FUSE unavailable: {reason}")
+    with _reachable() as base:
+        try:
+            mount = hostilefs.mount(base / "backing", base / "mnt", "plain")
+        except hostilefs.FuseUnavailable as exc:
+            skip_or_fail(f"FUSE unavailable: {exc}")
+        try:
+            yield mount
+        finally:
+            mount.unmount()
+
+
+def test_guard_on_a_shared_filesystem_fails_as_the_standard_library_at_its_speed_as_a_user() -> None:
+    with _reachable_mount() as mount, unixusers.throwaway_users(1) as (user,):
+        work = mount.backing / "user"  # seeded in the backing store: every node sees it at once
+        work.mkdir()
+        os.chown(work, user.uid, user.gid)
+        with unixusers.may_run_this_python(user, CHECKOUT, SITE):
+            results = _compare([sys.executable], Path(mount.path) / "user" / "tree", WAIT, user=user.uid,
+                               group=user.gid, extra_groups=[], start_new_session=True)
+    _check_shared(results, denied=True)
+
+
+AFTERWARDS = textwrap.dedent(r'''
+    import json, os, pathlib, shutil, sys, threading, time
+
+    root, impl = sys.argv[1], sys.argv[2]
+    if impl != "stdlib":
+        from sharedfs.machinery import runtime
+        from sharedfs.shims.makedirs import MakedirsShim
+        MakedirsShim().patch(runtime.policy())
+    seen = {}
+
+
+    def outcome(call):
+        start = time.monotonic()
+        try:
+            call()
+            got = ["ok"]
+        except OSError as exc:
+            got = [type(exc).__name__, exc.errno, os.fsdecode(exc.filename), list(getattr(exc, "__notes__", []))]
+        return got, time.monotonic() - start
+
+
+    # An exist_ok=False FileExistsError the caller handled, other calls that succeed, the directory removed:
+    # a later, unrelated mkdir below it is a plain missing parent.
+    d = os.path.join(root, "d")
+    os.makedirs(d)
+    try:
+        os.makedirs(d)
+    except FileExistsError:
+        pass
+    os.makedirs(os.path.join(root, "other", "x"), exist_ok=True)
+    pathlib.Path(root, "third").mkdir()
+    os.rmdir(d)
+    seen["stale Path.mkdir"] = outcome(lambda: pathlib.Path(d, "x").mkdir())
+    try:
+        os.makedirs(os.path.join(root, "again"))
+        os.makedirs(os.path.join(root, "again"))
+    except FileExistsError:
+        pass
+    os.rmdir(os.path.join(root, "again"))
+    seen["stale makedirs below"] = outcome(lambda: pathlib.Path(root, "again", "x", "y").mkdir())
+
+    # Six threads make the same deep tree at once, exist_ok False and True, os.makedirs and Path.mkdir.
+    for kind in ("os", "pathlib"):
+        for exist_ok in (False, True):
+            top = os.path.join(root, f"threads-{kind}-{exist_ok}")
+            barrier = threading.Barrier(6)
+            got = []
+
+            def make(top=top, kind=kind, exist_ok=exist_ok, barrier=barrier, got=got):
+                barrier.wait()
+                target = os.path.join(top, "a", "b", "c")
+                if kind == "os":
+                    got.append(outcome(lambda: os.makedirs(target, exist_ok=exist_ok)))
+                else:
+                    got.append(outcome(lambda: pathlib.Path(target).mkdir(parents=True, exist_ok=exist_ok)))
+
+            threads = [threading.Thread(target=make) for _ in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            seen[f"6 threads {kind} exist_ok={exist_ok}"] = (sorted(g for g, _ in got), max(t for _, t in got))
+    print(json.dumps(seen))
+''')
+
+
+def _afterwards(root: Path, impl: str) -> dict:
+    root.mkdir()
+    out = subprocess.run([sys.executable, "-c", AFTERWARDS, str(root), impl], capture_output=True, text=True,
+                         timeout=300, env=clean_env(WAIT))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_exist_ok_false_error_the_caller_handled_is_forgotten_when_the_call_ends(hostile_mount) -> None:
+    """The guard remembers an ancestor's EEXIST for the one os.makedirs call that swallows it, never longer:
+    before, a FileExistsError the caller handled made a later, unrelated mkdir below that (since removed)
+    directory wait the whole SHAREDFS_WAIT_TIMEOUT.  Six threads making one tree end as without sharedfs."""
+    mount = hostile_mount("plain")
+    stock = _afterwards(Path(mount.path) / "stock", "stdlib")
+    guarded = _afterwards(Path(mount.path) / "guarded", "guarded")
+    print("stock:", json.dumps(stock))
+    print("guarded:", json.dumps(guarded))
+    assert stock["stale Path.mkdir"][0][0] == "FileNotFoundError", stock
+    for name, (want, took) in stock.items():
+        got, guarded_took = guarded[name]
+        assert took < STOCK_SPEED and guarded_took < STOCK_SPEED, (name, took, guarded_took)
+        assert json.dumps(got).replace("/guarded/", "/stock/") == json.dumps(want), (name, want, got)

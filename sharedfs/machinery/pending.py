@@ -5,35 +5,41 @@ there (pluggy, the plugins, the policy: about 20 ms, 1.5 % of the import) for a 
 only on an error path would charge every torch program, so the bootstrap puts these in place
 instead, built from the standard library alone (the stand-ins of :mod:`sharedfs.machinery.standin`
 do the same for lock classes).  Each calls the original, unchanged; only when the original raises
-an error the guard could be for -- ``FileExistsError`` with ``exist_ok=True``, or
-``FileNotFoundError`` right after an ancestor answered EEXIST in this thread -- it activates the
-shim (version gate, policy, ``SHAREDFS_DISABLE``) and hands it that error.  The shim's guard then
-stands in their place (it wraps the originals: :func:`unwrap`); if the shim stays off they give
-way to the originals and the error is raised as it was.  A refused activation (a malformed
-setting) raises out of the call, as it would have out of ``import torch``.
+an error the guard could be for -- ``FileExistsError`` with ``exist_ok=True`` or for a parent
+``os.makedirs`` is making, or ``FileNotFoundError`` below a parent whose guard waited the whole
+timeout in this very call -- it activates the shim (version gate, policy, ``SHAREDFS_DISABLE``)
+and hands it that error.  The shim's guard then stands in their place (it wraps the originals:
+:func:`unwrap`); if the shim stays off they give way to the originals and the error is raised as
+it was.  A refused activation (a malformed setting) raises out of the call, as it would have out
+of ``import torch``.
 
 This module also holds the thread's guard state (:data:`recent`), which the pending guards and
-the shim's share: an ancestor's EEXIST seen before the shim was loaded still counts.
+the shim's share: an ``os.makedirs`` call entered through a pending guard meets the shim's
+memory of its parent once the shim took over below it.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import sys
 import threading
+from types import FrameType
 from typing import Any, Callable
 
 #: The attribute of a pending guard naming the function it stands in for.
 ORIGINAL = "_sharedfs_pending_for"
-#: The attribute of the shim's guard: ``recover(exc, exist_ok, args)``, what to raise (None: recovered).
+#: The attribute of the shim's guard: ``recover(exc, exist_ok, args, caller)``, what to raise (None: recovered).
 RECOVER = "_sharedfs_recover"
 
 
 class Recent(threading.local):
-    #: The last FileExistsError a guard of this thread let through: (path, the note saying sharedfs
-    #: waited it out, or None).  os.makedirs swallows a parent's FileExistsError and then fails on
-    #: the child with FileNotFoundError: the child's guard looks here to know the parent answered EEXIST.
-    eexist: tuple[str, str | None] | None = None
+    #: An ancestor's EEXIST that a guard waited the whole timeout for and let through into the
+    #: ``os.makedirs`` call that swallows it (that call then fails on the child with FileNotFoundError,
+    #: whose guard adds the same note instead of waiting again): (that call's frame, the ancestor, the
+    #: note).  It lives for that one call: only an error raised inside that very frame matches it, and
+    #: the next error any guard of this thread sees clears it.
+    eexist: tuple[FrameType, str, str] | None = None
     #: While a guard recovers, when its wait ends: the guards of the levels it retries share it.
     deadline: float | None = None
 
@@ -95,27 +101,53 @@ def absolute(name: Any) -> str:
     return os.path.abspath(os.fsdecode(os.fspath(name)))
 
 
-def remember(exc: OSError, note: str | None = None) -> None:
-    """Note a FileExistsError a guard lets through (see :attr:`Recent.eexist`)."""
-    if isinstance(exc, FileExistsError) and exc.filename is not None:
-        recent.eexist = (absolute(exc.filename), note)
+def swallows(caller: FrameType | None) -> bool:
+    """Whether ``caller`` is ``os.makedirs`` making a missing parent: it ignores the parent's FileExistsError
+    and goes on to make the child, which needs the parent to be visible, whatever ``exist_ok`` says."""
+    return caller is not None and caller.f_code.co_name == "makedirs" and caller.f_globals is vars(os)
 
 
-def _could_be_lag(exc: OSError, exist_ok: bool) -> bool:
+def remember(caller: FrameType | None, exc: OSError, note: str) -> None:
+    """Note that ``exc`` (a FileExistsError) was waited out, for the os.makedirs call that swallows it (see
+    :attr:`Recent.eexist`); anywhere else, or for an exception without a path, nothing is kept."""
+    if caller is not None and swallows(caller) and exc.filename is not None:
+        recent.eexist = (caller, absolute(exc.filename), note)
+    else:
+        recent.eexist = None
+
+
+def recall(exc: OSError, forget: bool = True) -> str | None:
+    """The note of an ancestor waited out in the os.makedirs call that raised ``exc`` (FileNotFoundError for
+    a path below it), or None; ``forget``: clear the memory (it matches one call, once)."""
+    last = recent.eexist
+    if forget:
+        recent.eexist = None
+    if last is None or exc.filename is None:
+        return None
+    frame, ancestor, note = last
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame is not frame:
+        tb = tb.tb_next
+    if tb is None or not absolute(exc.filename).startswith(ancestor.rstrip(os.sep) + os.sep):
+        return None
+    return note
+
+
+def _could_be_lag(exc: OSError, exist_ok: bool, caller: FrameType | None) -> bool:
     """Whether the guard might be for ``exc``: the shim decides (filesystem, visibility); this only spares it."""
     if isinstance(exc, FileExistsError):
-        if exist_ok:
-            return True
-        remember(exc)
-        return False
-    last = recent.eexist
-    return (last is not None and exc.filename is not None
-            and absolute(exc.filename).startswith(last[0].rstrip(os.sep) + os.sep))
+        recent.eexist = None
+        return exist_ok or swallows(caller)
+    found = recall(exc, forget=False) is not None  # the shim's guard adds the note and forgets
+    if not found:
+        recent.eexist = None
+    return found
 
 
-def _hand_over(exc: OSError, exist_ok: bool, owner: Any, attr: str, args: tuple[Any, ...]) -> OSError | None:
+def _hand_over(exc: OSError, exist_ok: bool, owner: Any, attr: str, args: tuple[Any, ...],
+               caller: FrameType | None) -> OSError | None:
     """Activate the shim and let its guard recover ``exc``: what to raise (None: recovered)."""
-    if not _could_be_lag(exc, exist_ok):
+    if not _could_be_lag(exc, exist_ok, caller):
         return exc
     activate = _activate
     if activate is not None:
@@ -124,7 +156,7 @@ def _hand_over(exc: OSError, exist_ok: bool, owner: Any, attr: str, args: tuple[
     if recover is None:
         withdraw()
         return exc
-    return recover(exc, exist_ok, args)  # type: ignore[no-any-return]
+    return recover(exc, exist_ok, args, caller)  # type: ignore[no-any-return]
 
 
 def _pending(original: Callable[..., Any], owner: Any, attr: str) -> Callable[..., Any]:
@@ -136,7 +168,7 @@ def _pending(original: Callable[..., Any], owner: Any, attr: str) -> Callable[..
             try:
                 return original(name, mode, exist_ok)  # type: ignore[no-any-return]
             except (FileExistsError, FileNotFoundError) as exc:
-                raised = _hand_over(exc, exist_ok, owner, attr, (name, mode, exist_ok))
+                raised = _hand_over(exc, exist_ok, owner, attr, (name, mode, exist_ok), sys._getframe(1))
                 if raised is exc:
                     raise
                 if raised is not None:
@@ -148,7 +180,8 @@ def _pending(original: Callable[..., Any], owner: Any, attr: str) -> Callable[..
             try:
                 return original(self, mode, parents, exist_ok)  # type: ignore[no-any-return]
             except (FileExistsError, FileNotFoundError) as exc:
-                raised = _hand_over(exc, exist_ok, owner, attr, (self, mode, parents, exist_ok))
+                raised = _hand_over(exc, exist_ok, owner, attr, (self, mode, parents, exist_ok),
+                                    sys._getframe(1))
                 if raised is exc:
                     raise
                 if raised is not None:
