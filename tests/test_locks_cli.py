@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -361,6 +362,25 @@ def test_a_native_lock_held_on_this_node_is_held(tmp_path: Path) -> None:
         holder.wait()
     found, status = rows(str(lock))
     assert all(r["state"] == "free" for r in found) and status == locks_cmd.EXIT_FREE
+
+
+def test_a_native_lock_timeout_names_the_pid_that_holds_it_on_this_node(tmp_path: Path) -> None:
+    """A flock LockTimeout used to say only "find it with `fuser -v`"; this node's /proc/locks names the pid."""
+    lock = tmp_path / "n.lock"
+    holder = hold(lock, "nodeA", kind="flock")
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import sys, sharedfs
+            try:
+                sharedfs.lock(sys.argv[1], kind="flock", timeout=0.2).acquire()
+            except sharedfs.LockTimeout as exc:
+                print(exc)
+        """), str(lock)], capture_output=True, text=True, timeout=60, env=clean_env({"SHAREDFS_NODE_ID": "nodeA"}))
+        assert f"pid {holder.pid} (" in done.stdout and "on this node" in done.stdout, done.stdout + done.stderr
+        assert f"sharedfs locks {lock}" in done.stdout
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_the_torch_names_agree_with_the_torch_shim() -> None:

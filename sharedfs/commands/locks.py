@@ -237,24 +237,9 @@ class Walk:
         return entries
 
     def proc_locks(self) -> dict[tuple[int, int, int], list[tuple[str, int]]]:
-        """This node's kernel locks (``/proc/locks``, read once): (major, minor, inode) -> [(type, pid)]."""
+        """This node's kernel locks (``/proc/locks``, read once per run)."""
         if self._proc_locks is None:
-            self._proc_locks = {}
-            try:
-                with open("/proc/locks", encoding="ascii", errors="replace") as fh:
-                    lines = fh.read().splitlines()
-            except OSError:
-                lines = []
-            for line in lines:
-                parts = line.split()
-                if len(parts) < 6 or parts[1] == "->":  # "->": a waiter blocked on that lock
-                    continue
-                try:
-                    major, minor, inode = parts[5].split(":")
-                    key = (int(major, 16), int(minor, 16), int(inode))
-                    self._proc_locks.setdefault(key, []).append((parts[1], int(parts[4])))
-                except ValueError:
-                    continue
+            self._proc_locks = oslocks.held_here()
         return self._proc_locks
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 
-__all__ = ["CONTENTION", "NO_LOCKS", "UNLOCK_UNCERTAIN", "errno_name", "lock", "try_lock", "unlock"]
+__all__ = ["CONTENTION", "NO_LOCKS", "UNLOCK_UNCERTAIN", "errno_name", "held_here", "lock", "try_lock", "unlock"]
 
 #: A non-blocking attempt on a lock someone else holds (lockf may say EACCES or EAGAIN: POSIX allows both).
 CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
@@ -60,3 +60,27 @@ def try_lock(fd: int, kind: str) -> tuple[str, str | None]:
 
 def errno_name(exc: OSError) -> str | None:
     return errno.errorcode.get(exc.errno) if exc.errno else None
+
+
+def held_here() -> dict[tuple[int, int, int], list[tuple[str, int]]]:
+    """This node's kernel locks, from ``/proc/locks``: (major, minor, inode) -> [(``FLOCK``/``POSIX``/..., pid)].
+
+    Waiters (``->`` lines) are left out.  Empty when ``/proc/locks`` cannot be read.  What
+    ``lslocks`` shows, for naming the pid that holds a lock on this node.
+    """
+    table: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return table
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->":  # "->": a waiter blocked on that lock
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            table.setdefault((int(major, 16), int(minor, 16), int(inode)), []).append((parts[1], int(parts[4])))
+        except ValueError:
+            continue
+    return table

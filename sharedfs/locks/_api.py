@@ -41,12 +41,14 @@ import filelock
 
 from sharedfs.cluster import gates
 from sharedfs.errors import ConfigError, LockTimeout
+from sharedfs.fs import oslocks
 from sharedfs.locks import _marker
 from sharedfs.locks._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 from sharedfs.machinery import choices, runtime
 from sharedfs.machinery.log import decision
 from sharedfs.machinery.standin import unwrap
 from sharedfs.model.policy import LockChoice, Policy
+from sharedfs.model.records import user_name
 from sharedfs.model.settings import LOCK_KINDS
 
 log = logging.getLogger("sharedfs")
@@ -377,8 +379,29 @@ def _holder_text(state: _State) -> str:
         # The command that answers "is it alive, and may it go?" with the lock's own evidence.
         return f"held by {seen.record.describe()} (see: sharedfs locks {state.target.lock_file})"
     if state.target.choice.kind in ("flock", "posix"):
-        return f"held by a live process (find it with `fuser -v {state.target.lock_file}` on each node)"
+        here = _native_holder_here(state.target.lock_file)
+        if here:
+            return f"held by {here} (see: sharedfs locks {state.target.lock_file})"
+        return (f"held by a live process on another node (sharedfs locks {state.target.lock_file} there, or "
+                f"`fuser -v {state.target.lock_file}` on each node, names it)")
     return "held by a holder that left no record"
+
+
+def _native_holder_here(lock_file: str) -> str | None:
+    """"pid N (user) on this node" for a flock/POSIX lock held on this node (``/proc/locks``), else None."""
+    try:
+        st = os.stat(lock_file)
+    except OSError:
+        return None
+    found = oslocks.held_here().get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    if not found:
+        return None
+    how, pid = found[0]
+    try:
+        owner = f" ({user_name(os.stat(f'/proc/{pid}').st_uid)})"
+    except OSError:
+        owner = ""
+    return f"pid {pid}{owner} on this node, a {how.lower()} lock"
 
 
 def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
@@ -395,8 +418,14 @@ def _timeout_message(state: _State, timeout: Any, blocking: Any) -> str:
                 f"to decide for a holder there); `sharedfs locks --clear-dead {target.lock_file}` removes it only "
                 f"if its holder is provably gone. A plain rm -f {target.marker} breaks it even for a live holder.")
     elif target.choice.kind in ("flock", "posix"):
-        holder = "a live process (the kernel drops the flock/POSIX locks of dead ones)"
-        hint = f"Find it with `fuser -v {target.lock_file}` on each node."
+        here = _native_holder_here(target.lock_file)
+        if here:
+            holder = f"{here} (the kernel drops the flock/POSIX locks of dead processes)"
+            hint = f"See it with: sharedfs locks {target.lock_file}."
+        else:
+            holder = "a live process on another node (the kernel drops the flock/POSIX locks of dead ones)"
+            hint = (f"Run sharedfs locks {target.lock_file} (or `fuser -v {target.lock_file}`) on each node to "
+                    "find it.")
     elif seen is not None:
         holder = "a marker without a readable holder record"
         hint = (f"See what it is: sharedfs locks {target.lock_file}. If nobody uses the lock, clear it with: "
