@@ -56,6 +56,8 @@ MADE_ELSEWHERE = textwrap.dedent("""
     try:
         if kind == "os":
             os.makedirs(target, exist_ok=True)
+        elif kind == "os, exist_ok=False":
+            os.makedirs(target)
         else:
             import pathlib
             pathlib.Path(target).mkdir(parents=True, exist_ok=True)
@@ -91,6 +93,19 @@ def test_a_wait_that_times_out_raises_the_callers_exception_saying_what_to_raise
     (note,) = waited["notes"]
     assert "answered EEXIST but the directory stayed invisible on this node" in note, note
     assert "raise SHAREDFS_WAIT_TIMEOUT" in note and "on node n1" in note, note
+
+
+def test_a_parent_another_node_just_made_is_waited_for_inside_os_makedirs_with_exist_ok_false(hostile_mount) -> None:
+    """``os.makedirs(run/sub)``, ``run`` just made on another node: os.makedirs swallows the parent's EEXIST
+    (``exist_ok=False`` is passed down) and fails on ``sub`` with FileNotFoundError; the guard waits for the
+    parent it swallowed instead (the only lag the child's error can be), and the call makes ``sub``."""
+    mount = hostile_mount("lagging", lag_ms=LAG_MS)
+    (Path(mount.path) / "run").mkdir()  # made by this process: node "local", not n1
+    stock = _other_node(Path(mount.path) / "run" / "sub", "os, exist_ok=False", {"SHAREDFS_DISABLE": "1"})
+    assert stock["type"] == "FileNotFoundError" and stock["notes"] == [], stock
+    (Path(mount.path) / "again").mkdir()
+    guarded = _other_node(Path(mount.path) / "again" / "sub", "os, exist_ok=False", {"SHAREDFS_WAIT_TIMEOUT": "120"})
+    assert guarded == {"type": "ok", "isdir": True}, guarded
 
 
 @pytest.mark.parametrize("kind", ["os", "pathlib"])
