@@ -67,7 +67,8 @@ class TritonShim(Shim):
                      "SharedFSFileCacheManager (no key-directory removal, no replaced entries, stale reads "
                      "as misses)")
             return
-        manager = make_cache_manager(module.FileCacheManager, policy)
+        knob = vars(type(module.knobs.cache)).get("manager_class") if _has_knobs(module) else None
+        manager = make_cache_manager(module.FileCacheManager, policy, knob)
         if _has_knobs(module):
             # knobs.cache.manager_class = cls keeps the class in the knob's own dict: no environment
             # change, and deleting it (unpatch) gives Triton's TRITON_CACHE_MANAGER lookup back.
@@ -99,8 +100,11 @@ def _users_manager(module: ModuleType) -> str | None:
     return None
 
 
-def make_cache_manager(original: type, policy: Policy) -> type:
-    """Triton's ``FileCacheManager`` (``original``) publishing and reading as the module doc says."""
+def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type:
+    """Triton's ``FileCacheManager`` (``original``) publishing and reading as the module doc says.
+
+    ``knob`` is Triton's ``TRITON_CACHE_MANAGER`` descriptor (triton >= 3.4), whose ``get()`` reads the variable.
+    """
 
     class SharedFSFileCacheManager(original):  # type: ignore[misc, valid-type]
         """sharedfs: Triton's ``FileCacheManager`` for a cache shared by many processes and nodes.
@@ -109,6 +113,15 @@ def make_cache_manager(original: type, policy: Policy) -> type:
         and keeps an entry that is already there (never replaces what a reader found, never
         removes a directory); reads treat missing, stale, empty or unparsable entries as misses.
         """
+
+        def __new__(cls, key: str, override: bool = False, dump: bool = False) -> Any:
+            # TRITON_CACHE_MANAGER set after the import (the knob holding this class would hide it):
+            # the user's manager, as Triton would have built it.
+            if os.environ.get("TRITON_CACHE_MANAGER") and knob is not None:
+                chosen = knob.get()
+                if chosen is not None and not issubclass(chosen, cls):
+                    return chosen(key, override=override, dump=dump)
+            return super().__new__(cls)
 
         def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
             try:

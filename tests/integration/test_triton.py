@@ -129,6 +129,10 @@ USERS_MANAGER = textwrap.dedent("""
         m = get_cache_manager(hashlib.sha256(b"k").hexdigest())
         return type(m).__module__ + "." + type(m).__qualname__
     seen = {"manager": kind()}
+    before, os.environ["TRITON_CACHE_MANAGER"] = os.environ.get("TRITON_CACHE_MANAGER"), "mymanager:MyManager"
+    seen["set later"] = kind()  # a manager named after the import is Triton's choice too, as without sharedfs
+    if before is None:
+        del os.environ["TRITON_CACHE_MANAGER"]
     import sharedfs
     sharedfs.disable()  # unpatch: Triton's own lookup again
     seen["after disable"] = kind()
@@ -152,6 +156,7 @@ def test_the_manager_is_installed_through_tritons_knob_unless_disabled_or_the_us
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["manager"] == expected, (seen, out.stderr)
+    assert seen["set later"] == "mymanager.MyManager", seen
     assert seen["after disable"] == ("mymanager.MyManager" if "TRITON_CACHE_MANAGER" in extra
                                      else "triton.runtime.cache.FileCacheManager"), seen
     said = [line for line in out.stderr.splitlines() if "triton cache manager left as the user set it" in line]
