@@ -24,9 +24,10 @@ constructor, attributes, directory layout and file names) through Triton's own s
 this, ``knobs.cache.manager_class`` (the ``TRITON_CACHE_MANAGER`` knob; triton >= 3.4), or
 ``triton.runtime.cache``'s module-level manager class before it -- only when the user chose no
 manager of their own.  Its ``put`` writes a private temp file beside the entry, fsyncs it and
-links it into place under ``sharedfs.lock(lock_path)``: an entry that is already there and whole
-is kept (every writer of one key compiled the same kernel), so nothing a reader found is ever
-replaced, and it removes only its own temp file, by identity, never a directory.  Reads treat
+hard-links it into place (a link never replaces: an entry that is already there is kept, since
+every writer of one key compiled the same kernel, so nothing a reader found is ever replaced);
+only an empty entry is replaced, under ``sharedfs.lock(lock_path)`` (the lock Triton computes and
+never takes).  It removes only its own temp file, by identity, never a directory.  Reads treat
 a missing, stale, empty or unparsable entry as a miss, so Triton compiles again instead of
 failing.  ``SHAREDFS_DISABLE=triton`` keeps Triton's own manager.
 """
@@ -37,6 +38,7 @@ import errno
 import json
 import os
 import secrets
+import stat
 from types import ModuleType
 from typing import Any, Optional
 
@@ -109,9 +111,10 @@ def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type
     class SharedFSFileCacheManager(original):  # type: ignore[misc, valid-type]
         """sharedfs: Triton's ``FileCacheManager`` for a cache shared by many processes and nodes.
 
-        ``put`` links a private, fsynced temp file into place under ``sharedfs.lock(lock_path)``
-        and keeps an entry that is already there (never replaces what a reader found, never
-        removes a directory); reads treat missing, stale, empty or unparsable entries as misses.
+        ``put`` hard-links a private, fsynced temp file into place and keeps an entry that is already
+        there (never replaces what a reader found, never removes a directory; an empty entry is
+        replaced under ``sharedfs.lock(lock_path)``); reads treat missing, stale, empty or
+        unparsable entries as misses.
         """
 
         def __new__(cls, key: str, override: bool = False, dump: bool = False) -> Any:
@@ -144,15 +147,16 @@ def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type
             return self._make_path(filename) if self.has_file(filename) else None
 
         def get_group(self, filename: str) -> Optional[dict[str, str]]:
-            grp_filepath = self.get_file(f"__grp__{filename}")
-            if grp_filepath is None:
-                return None
+            if not self.cache_dir:
+                raise RuntimeError("Could not create or locate cache dir")
             try:
-                with open(grp_filepath, "rb") as f:
-                    data = f.read(GROUP_LIMIT + 1)
-                grp_data = json.loads(data) if len(data) <= GROUP_LIMIT else None
+                with open(self._make_path(f"__grp__{filename}"), "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not 0 < st.st_size <= GROUP_LIMIT or not stat.S_ISREG(st.st_mode):
+                        return None
+                    grp_data = json.loads(f.read())
             except (OSError, ValueError):
-                return None  # vanished, stale or half-written: a miss, Triton compiles again
+                return None  # missing, vanished, stale or half-written: a miss, Triton compiles again
             child_paths = grp_data.get("child_paths") if isinstance(grp_data, dict) else None
             if not isinstance(child_paths, dict):
                 return None
@@ -185,14 +189,13 @@ def _state(path: str) -> str:
         st = os.stat(path)
     except OSError:
         return "unseen"
-    return "whole" if st.st_size > 0 and (st.st_mode & 0o170000) == 0o100000 else "bad"
+    return "whole" if st.st_size > 0 and stat.S_ISREG(st.st_mode) else "bad"
 
 
 def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: Policy) -> str:
     """Make ``path`` hold ``payload`` unless a whole entry is there already; return ``path``."""
     from sharedfs.fs.publish import fsync_dir
     from sharedfs.fs.recordfile import create_record, discard_if_same, identity
-    from sharedfs.locks import lock
 
     base = os.path.basename(path)
     temp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
@@ -207,8 +210,7 @@ def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: 
     held = identity(fd)
     try:
         os.fsync(fd)
-        with lock(lock_path, policy=policy):
-            _link_into_place(temp, path)
+        _into_place(temp, path, lock_path, policy)
         fsync_dir(directory)
     finally:
         discard_if_same(temp, held)  # only our own temp file, and only while the name still is it
@@ -216,12 +218,9 @@ def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: 
     return path
 
 
-def _link_into_place(temp: str, path: str) -> None:
-    """Under the entry's lock: keep an entry that is there, else put ``temp`` there.
-
-    A link, not a rename: it answers EEXIST for an entry another node published even while
-    this node cannot see it yet, so a reader's file is never replaced.
-    """
+def _into_place(temp: str, path: str, lock_path: str, policy: Policy) -> None:
+    """Put ``temp`` at ``path`` unless an entry is there: a hard link, which answers EEXIST for an entry another
+    node published even while this node cannot see it yet, so no reader's file is ever replaced."""
     try:
         os.link(temp, path)
         return
@@ -237,10 +236,13 @@ def _link_into_place(temp: str, path: str) -> None:
     except OSError as exc:
         if exc.errno not in NO_LINKS:
             raise
-        if _state(path) == "whole":
-            return
-    # An empty entry or something else in the way (a writer outside sharedfs died mid-way), or no hard links here.
-    os.replace(temp, path)
+    # An empty entry or something else in the way (a writer outside sharedfs died mid-way), or a filesystem
+    # without hard links: replacing must exclude the other writers of this entry, through the lock Triton names.
+    from sharedfs.locks import lock
+
+    with lock(lock_path, policy=policy):
+        if _state(path) != "whole":
+            os.replace(temp, path)
 
 
 @hookimpl

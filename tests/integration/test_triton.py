@@ -51,11 +51,11 @@ def test_nine_processes_on_three_lagging_nodes_fail_with_tritons_manager_and_nev
         assert scenario_triton.failed(fixed) == 0, scenario_triton.first_errors(fixed)
         assert {r["manager"] for r in fixed} == {SHAREDFS_MANAGER}, fixed
         # Every key directory holds the kernel's files, whole, and nothing else of the writers' (no temp
-        # directory or file left, nothing removed): the lock file is sharedfs.lock(lock_path)'s.
+        # directory or file left, nothing removed, no lock file: a link needs no lock).
         keys = sorted((mount.backing / f"sharedfs-{trial}").iterdir())
         assert len(keys) == 6, keys
         for key in keys:
-            names = {p.name for p in key.iterdir()} - {"lock"}
+            names = {p.name for p in key.iterdir()}
             (kernel,) = {n.split(".")[0] for n in names if n.startswith("k")}
             assert names == {f"{kernel}.ttir", f"{kernel}.cubin", f"{kernel}.json", f"__grp__{kernel}.json"}, names
             assert all((key / n).stat().st_size > 0 for n in names), names
