@@ -42,6 +42,7 @@ import stat
 from types import ModuleType
 from typing import Any, Optional
 
+from sharedfs.fs.safefile import read_untrusted
 from sharedfs.machinery.log import decision
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
@@ -49,8 +50,9 @@ from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 MISS_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.EIO})
 #: Why ``os.link`` may be refused by a filesystem without hard links; the put then renames under the lock.
 NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS})
-#: Triton's group files are small JSON documents; a larger one is not Triton's and is a miss.
-GROUP_LIMIT = 16 * 1024 * 1024
+#: Triton's group files are small JSON documents (a path per file of a kernel: a few KiB); a larger one is
+#: not Triton's and is a miss.  Below malloc's mmap threshold: the read buffer costs no system call.
+GROUP_LIMIT = 64 * 1024
 
 
 class TritonShim(Shim):
@@ -150,11 +152,9 @@ def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type
             if not self.cache_dir:
                 raise RuntimeError("Could not create or locate cache dir")
             try:
-                with open(self._make_path(f"__grp__{filename}"), "rb") as f:
-                    st = os.fstat(f.fileno())
-                    if not 0 < st.st_size <= GROUP_LIMIT or not stat.S_ISREG(st.st_mode):
-                        return None
-                    grp_data = json.loads(f.read())
+                # No symlink followed, no blocking open (a FIFO planted in a shared cache), a size cap.
+                read = read_untrusted(self._make_path(f"__grp__{filename}"), GROUP_LIMIT)
+                grp_data = json.loads(read[0]) if read is not None and read[0] else None
             except (OSError, ValueError):
                 return None  # missing, vanished, stale or half-written: a miss, Triton compiles again
             child_paths = grp_data.get("child_paths") if isinstance(grp_data, dict) else None

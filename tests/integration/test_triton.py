@@ -172,3 +172,25 @@ def test_status_lists_the_triton_shim_and_its_patch(tmp_path: Path) -> None:
     (row,) = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["installed"] == "3.9.0" and row["supported"] and row["applied"], row
     assert row["patches"] == ["cache_knobs.manager_class"], row
+
+
+FIFO_GROUP = textwrap.dedent("""
+    import hashlib, os, sys
+    from triton.runtime.cache import get_cache_manager
+    manager = get_cache_manager(hashlib.sha256(b"one kernel").hexdigest())
+    os.mkfifo(os.path.join(manager.cache_dir, "__grp__k.json"))  # planted where the group file goes
+    print(manager.get_group("k.json"), flush=True)
+""")
+
+
+@pytest.mark.parametrize("disabled", [True, False], ids=["stock", "sharedfs"])
+def test_a_fifo_planted_as_a_group_file_is_a_miss_not_a_hang(tmp_path: Path, disabled: bool) -> None:
+    """Anyone who can write a shared cache can plant a FIFO: Triton's ``get_group`` opens it and blocks forever;
+    sharedfs reads group files without following symlinks or blocking, with a size cap."""
+    env = clean_env({"TRITON_CACHE_DIR": str(tmp_path), **({"SHAREDFS_DISABLE": "1"} if disabled else {})})
+    if disabled:
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run([sys.executable, "-c", FIFO_GROUP], capture_output=True, text=True, env=env, timeout=10)
+        return
+    out = subprocess.run([sys.executable, "-c", FIFO_GROUP], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr[-2000:]
