@@ -46,8 +46,6 @@ from sharedfs.fs.safefile import read_untrusted
 from sharedfs.machinery.log import decision
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
-#: A read of these is a cache miss, not an error: the entry is not (yet, or any longer) there for this node.
-MISS_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.EIO})
 #: Why ``os.link`` may be refused by a filesystem without hard links; the put then renames under the lock.
 NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS})
 #: Triton's group files are small JSON documents (a path per file of a kernel: a few KiB); a larger one is
@@ -162,7 +160,7 @@ def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type
                 return None
             for path in child_paths.values():
                 if not isinstance(path, str) or not _whole(path):
-                    return None  # a partial group is a miss (as triton >= 3.5 does), never a half kernel
+                    return None  # a partial group is a miss (as in triton 3.9; 3.4 returned the rest)
             return dict(child_paths)
 
         def put(self, data: Any, filename: str, binary: bool = True) -> str:
