@@ -15,7 +15,6 @@ that hit one.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -27,10 +26,14 @@ import hashlib, json, os, sys, time
 cache_dir, kernels, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 os.environ["TRITON_CACHE_DIR"] = cache_dir
 from triton.runtime.cache import get_cache_manager
-index = int(os.environ["SHAREDFS_TEST_INDEX"])
-start = float(os.environ["SCENARIO_START"]) + 0.02 * (index % 4)  # ranks start in slightly different steps
-while time.time() < start:
-    time.sleep(0.002)
+index, gate = int(os.environ["SHAREDFS_TEST_INDEX"]), os.environ["SCENARIO_GATE"]
+# Start together (a local directory as the barrier): the concurrency must not depend on how fast each
+# process imported triton on a loaded machine; then in slightly different steps, as ranks do.
+open(os.path.join(gate, str(index)), "w").close()
+deadline = time.monotonic() + 120
+while len(os.listdir(gate)) < int(os.environ["SHAREDFS_TEST_COUNT"]) and time.monotonic() < deadline:
+    time.sleep(0.005)
+time.sleep(0.02 * (index % 4))
 
 def files(i):
     body = hashlib.sha256(b"kernel %d" % i).digest() * 64
@@ -69,10 +72,11 @@ def run(cache_dir: Path, nodes: Mapping[str, int] | Sequence[str], env: Mapping[
         rounds: int = 3, python: str | None = None, timeout: float = 240.0) -> list[dict]:
     """Run :data:`RANK` in each process of ``nodes``; one dict per process (``errors``, ``hits``, ``puts``, ...)."""
     import sys
+    import tempfile
 
-    start = time.time() + 1.5  # every process has imported triton by then
     argv = [python or sys.executable, "-c", RANK, str(cache_dir), str(kernels), str(rounds)]
-    results = run_on_nodes(argv, nodes, env={**env, "SCENARIO_START": repr(start)}, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="sharedfs-triton-gate-") as gate:
+        results = run_on_nodes(argv, nodes, env={**env, "SCENARIO_GATE": gate}, timeout=timeout)
     out = []
     for result in results:
         lines = result.stdout.strip().splitlines()
