@@ -54,6 +54,7 @@ TARGETS = {
     # Where OLMo-core is handed a checkpoint directory (OLMO_SHARED_FS); patched when the program imports them.
     "olmo_core.checkpoint": "olmo_core.distributed.checkpoint",
     "olmo_core.train": "olmo_core.train.checkpoint",
+    "triton": "triton.runtime.cache",  # get_cache_manager; imported by `import triton`
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

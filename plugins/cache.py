@@ -7,6 +7,10 @@ mode-0700 directory on node-local storage (:func:`sharedfs.node_local_dir`).
 directory every user of the node can write (wids' ``/tmp/_wids_cache``): another
 user can create it first and plant cache content there.  A directory the user
 chose through the framework's own variable always wins.
+
+The rows of the placed-cache table (:mod:`sharedfs.model.caches`: Triton's, DeepGEMM's,
+FlashInfer's... kernel caches, ``request.per_node``) follow one more rule under ``auto``: a
+default on a filesystem the plugins classify as shared goes per node, ``<default>/<node>``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from sharedfs.types import CachePlacement, CacheRequest, Policy, hookimpl
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first
 def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlacement | None:
+    if request.per_node:
+        return _table_row(request, policy)
     if request.user_value:
         over = " over SHAREDFS_CACHE=node-local" if policy.cache == "node-local" else ""
         return CachePlacement(None, f"{request.variable}={request.user_value} is set (an explicit user setting "
@@ -36,6 +42,25 @@ def sharedfs_cache_placement(request: CacheRequest, policy: Policy) -> CachePlac
                                      "node-local directory (cache=auto)")
     where = str(node_local_dir(request.framework, policy=policy, create=request.create))
     return CachePlacement(where, f"node-local ({policy.source('cache')})")
+
+
+def _table_row(request: CacheRequest, policy: Policy) -> CachePlacement:
+    """A row of the placed-cache table: its default per node when that default is on a shared filesystem."""
+    if request.user_value:
+        return CachePlacement(None, f"{request.variable}={request.user_value} is set (an explicit user setting wins)")
+    if policy.cache == "shared":
+        return CachePlacement(None, f"{request.framework}'s own default kept ({policy.source('cache')}: shared)")
+    if policy.cache == "node-local":
+        where = str(node_local_dir(request.framework, policy=policy, create=request.create))
+        return CachePlacement(where, f"node-local ({policy.source('cache')})")
+    if not request.default or not request.default_shared:
+        return CachePlacement(None, f"{request.framework}'s own default kept: {request.default} is on a node-local "
+                                    "filesystem (cache=auto)")
+    # The library creates its directory itself; one directory per node keeps the cache warm across
+    # jobs while the processes sharing it are one node's (a node's own locks and caches are coherent).
+    where = os.path.join(request.default, policy.node_id)
+    return CachePlacement(where, f"{request.default} is on a shared filesystem: one directory per node "
+                                 f"(cache=auto)")
 
 
 def _writable_by_everyone(default: str | None) -> str | None:

@@ -129,3 +129,14 @@ def test_quick_lock_benchmark_prints_schema_rows_with_floors() -> None:
     check_rows(rows)
     floors = [row for row in rows if row.get("floor") is not None]
     assert len(floors) == 2 and all(0 < row["floor"] < row["sharedfs"] for row in floors)
+
+
+@pytest.mark.slow
+def test_quick_triton_benchmark_prints_schema_rows() -> None:
+    pytest.importorskip("triton")
+    out = subprocess.run([sys.executable, str(BENCH / "triton_cache.py"), "--json", "--quick"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    check_rows(rows)
+    assert rows[0]["baseline"] > 0 and rows[0]["sharedfs"] > 0 and rows[0]["samples"] == 2, rows

@@ -327,6 +327,9 @@ def status_report() -> dict[str, Any]:
     report["mounts"] = _mounts([*in_use, (os.getcwd(), "current directory")])
     report["shims"] = shims
     report["caches"] = caches
+    from sharedfs.commands import placedcaches
+
+    report["placed_caches"] = placedcaches.status_rows(current) if current is not None else []
     report["blocked"] = blocked
     report["plugins"] = runtime.registry().plugin_names()
     report["external_plugins"] = [vars(p) for p in runtime.registry().external]
@@ -486,6 +489,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\ncaches (where each framework's cache goes, and why):")
         for cache in report["caches"]:
             print(f"  {cache['name']:<16} {cache['variable']}={cache['path']}\n  {'':<16} {cache['reason']}")
+    if report["placed_caches"]:
+        from sharedfs.commands.placedcaches import status_lines
+
+        print("\n" + "\n".join(status_lines(report["placed_caches"])))
     blocked = f"; blocked by SHAREDFS_DISABLE: {', '.join(report['blocked'])}" if report["blocked"] else ""
     external = {p["name"] for p in report["external_plugins"]}
     shim_names = {shim["name"] for shim in report["shims"]}
@@ -1056,6 +1063,9 @@ def env_exports() -> dict[str, str]:
         placed = choices.cache_placement(state.shim, current, create=False)
         if placed is not None and placed.path:
             exports[state.shim.cache_env or ""] = placed.path
+    from sharedfs.commands.placedcaches import exports as placed_exports
+
+    exports.update(placed_exports(current))
     return exports
 
 

@@ -7,7 +7,8 @@ kernel asks them and caches the answer, so no caller re-derives a rule:
   under a path, once per mount, with what locks were *seen* to do there at run time;
 * :func:`lock_choice` -- the ``sharedfs_choose_lock`` answer for a lock file, once
   per (directory, lock setting);
-* :func:`cache_placement` -- the ``sharedfs_cache_placement`` answer for a shim.
+* :func:`cache_placement` -- the ``sharedfs_cache_placement`` answer for a shim;
+* :func:`placed_cache` -- the same hook's answer for a row of the placed-cache table.
 
 A native lock that the filesystem refuses at run time (ENOSYS, ENOLCK: a
 misclassified mount, a dead lockd) is reported with :func:`native_lock_refused`;
@@ -23,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from sharedfs.machinery import runtime
+from sharedfs.model.caches import PlacedCache, cache_path
 from sharedfs.model.fsinfo import FsInfo, clear_mount_cache, mount_for
 from sharedfs.model.policy import CachePlacement, CacheRequest, LockChoice, Policy, TeamCache
 
@@ -104,6 +106,17 @@ def cache_placement(shim: Shim, policy: Policy, *, create: bool = True) -> Cache
     request = CacheRequest(shim.name, shim.cache_env, os.environ.get(shim.cache_env) or None, shim.cache_default,
                            create=create)
     return runtime.registry().cache_placement(request, policy)
+
+
+def placed_cache(row: PlacedCache, policy: Policy, *, create: bool = True,
+                 user_value: str | None | bool = True) -> CachePlacement:
+    """Where ``row``'s cache goes; ``user_value=None`` asks what sharedfs would do were the variable unset."""
+    default = cache_path(row)
+    value = (os.environ.get(row.variable) or None) if user_value is True else (user_value or None)
+    request = CacheRequest(row.name, row.variable, value, default, create=create, per_node=True,
+                           default_shared=filesystem(default).shared)
+    placed = runtime.registry().cache_placement(request, policy)
+    return placed if placed is not None else CachePlacement(None, f"{row.name}'s own default kept (no plugin answered)")
 
 
 def forget() -> None:

@@ -78,6 +78,12 @@ class CacheRequest:
     default: str | None
     #: Create the directory chosen (False: only say where it would be, e.g. ``sharedfs env``).
     create: bool = True
+    #: A row of the placed-cache table (:mod:`sharedfs.model.caches`): under ``cache = "auto"`` a
+    #: default on a shared filesystem goes per node, ``<default>/<node>`` (kept warm across jobs,
+    #: one node's processes per directory).
+    per_node: bool = False
+    #: Whether the plugins classify the default's filesystem as shared (asked for table rows).
+    default_shared: bool | None = None
 
 
 @frozen

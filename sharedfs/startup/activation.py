@@ -27,6 +27,7 @@ from sharedfs.machinery.log import decision
 from sharedfs.machinery.shim import Shim, ShimContext
 from sharedfs.model.policy import CachePlacement, Policy
 from sharedfs.model.structs import mutable
+from sharedfs.startup import placedcaches
 
 log = logging.getLogger(NAME)
 _lock = threading.RLock()
@@ -97,6 +98,7 @@ def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:
             if state.shim.target == target:
                 apply(state, current)
         _apply_companions(states, current)
+        _place_caches(current)
         return {state.shim.target for state in states.values()}
 
 
@@ -116,6 +118,16 @@ def _say_unknown_disabled(current: Policy) -> None:
     if unknown is not None:
         _told_unknown[:] = [current]
         log.error("%s; the shims it does not name stay ON", unknown)
+
+
+def _place_caches(current: Policy) -> None:
+    """Export the placed-cache table's variables (:mod:`sharedfs.startup.placedcaches`), never failing the import."""
+    try:
+        placedcaches.place(current)
+    except Exception as exc:  # noqa: BLE001 - never break the user's import by our own bug
+        if current.strict:
+            raise
+        report_internal_error("placing caches", exc)
 
 
 def _apply_companions(states: dict[str, ShimState], current: Policy) -> None:
@@ -168,6 +180,8 @@ def reapply(current: Policy) -> None:
         for state in (_states or {}).values():  # a shim never loaded was never applied
             if state.shim.applied:
                 apply(state, current)
+        if _states:
+            _place_caches(current)
 
 
 def configure(**settings: Any) -> Policy:
@@ -182,6 +196,7 @@ def unpatch_all() -> None:
     with _lock:
         for state in (_states or {}).values():
             state.shim.unpatch()
+        placedcaches.restore()
 
 
 def activate_imported() -> None:

@@ -62,6 +62,8 @@ REFERENCES = {
     "LlamaFactory#3065": "https://github.com/hiyouga/LLaMA-Factory/issues/3065",
     "ms-swift#3667": "https://github.com/modelscope/ms-swift/issues/3667",
     "pytorch#189245": "https://github.com/pytorch/pytorch/issues/189245",
+    "triton#2688": "https://github.com/triton-lang/triton/issues/2688",
+    "prime-rl PR #2305": "https://github.com/PrimeIntellect-ai/prime-rl/pull/2305",
 }
 
 #: The distribution (and the version range the shims support) behind each module a scenario imports.
@@ -70,6 +72,7 @@ DISTRIBUTIONS = {
     "webdataset": "webdataset>=0.2,<1.1",
     "wids": "wids>=0.1,<0.2",
     "torch": "torch",
+    "triton": "triton>=3.0,<4",
 }
 
 
@@ -555,6 +558,26 @@ WIDS_READER = """
 """
 
 
+def triton_cache(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Triton's kernel cache filled by 9 processes on 3 nodes through its own API (triton#2688).
+
+    The programs make no ``sharedfs.`` call (:mod:`sharedfs.testing.scenario_triton`).
+    """
+    from sharedfs.testing import scenario_triton
+
+    path, env = sim.shared_dir("lagging", lag_ms=2000)
+    outcomes = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        reports = scenario_triton.run(path / f"cache-{label}", {"n0": 3, "n1": 3, "n2": 3}, {**env, **extra})
+        failed = scenario_triton.failed(reports)
+        evidence = f"{len(reports) - failed}/{len(reports)} processes compiled or loaded all 6 kernels"
+        errors = scenario_triton.first_errors(reports)
+        if errors:
+            evidence += "; " + errors[0].split(": ", 1)[1].replace(str(path), "...")
+        outcomes.append(Outcome(failed > 0, evidence))
+    return outcomes[0], outcomes[1]
+
+
 def wids_flockless(sim: Sim) -> tuple[Outcome, Outcome]:
     """webdataset#386: wids' ULockFile flocks ``<shard>.tar.lock`` in the cache dir."""
     server, urls, expected = _shard_server(sim, delay=0.1)
@@ -808,5 +831,9 @@ SCENARIOS = (
     Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
              broadcast_trap, needs=("datasets",),
              story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
+    Scenario("9 processes fill one Triton kernel cache", "triton#2688, prime-rl PR #2305", triton_cache, True,
+             needs=("triton",),
+             story="9 processes on 3 nodes put and read the same 6 kernels through triton.runtime.cache's own "
+                   "get_cache_manager, as triton.compiler.compile does, while the metadata cache lags 2 s."),
     *_torch_scenarios(),
 )
