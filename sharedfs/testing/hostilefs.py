@@ -26,6 +26,9 @@ profile            behaviour
 
 Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``, ``nfs-cto+lagging``.
 ``--latency-ms N`` adds N ms to every metadata operation in any profile.
+``--flush-ms N`` (``nfs-cto``) makes each ``close`` of a written file take N ms
+before its data reaches the other nodes, as an NFS close waits for the server's
+COMMIT: the window in which they read the file empty or short.
 
 ``--count-ops`` (``mount(..., count_ops=True)``) counts every operation the
 server answers, per simulated node and per operation kind, so a test or a
@@ -514,12 +517,14 @@ class HostileOps:
         context: Any = None,
         count_ops: bool = False,
         snapshot_dir: Optional[str] = None,
+        flush_ms: float = 0,
     ) -> None:
         self.root = os.path.realpath(backing)
         self.profile = profile
         self.latency_s = latency_ms / 1000.0
         self.vis = _Visibility(lag_ms / 1000.0) if profile.lagging else None
         self.cto = _CloseToOpen(snapshot_dir) if profile.cto else None
+        self.flush_s = flush_ms / 1000.0
         self.shadow_dir = str(shadow_dir)
         self._context = context or (lambda: (0, 0, 0))  # mfusepy.fuse_get_context
         self._mu = threading.Lock()
@@ -827,6 +832,8 @@ class HostileOps:
     def flush(self, path: Optional[str], fi: Any) -> int:
         if self.cto is not None:
             h = self._handle(fi)
+            if h.writing and self.flush_s:
+                time.sleep(self.flush_s)  # sending the data; the other nodes still see the server's copy
             self._flushed(h)
         return 0
 
@@ -1024,6 +1031,7 @@ def serve(
     state_dir: Optional[str] = None,
     exit_with_parent: bool = False,
     count_ops: bool = False,
+    flush_ms: float = 0,
 ) -> int:
     """Mount and serve in the foreground until unmounted or signalled.
 
@@ -1050,7 +1058,7 @@ def serve(
         state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
                      shadow_dir=os.path.join(state_dir, "locks"), context=mfusepy.fuse_get_context,
-                     count_ops=count_ops, snapshot_dir=state_dir)
+                     count_ops=count_ops, snapshot_dir=state_dir, flush_ms=flush_ms)
     if ops.counter is not None:
         _serve_control(os.path.join(state_dir, CONTROL_SOCKET), ops.counter)
     options: dict[str, Any] = dict(
@@ -1090,6 +1098,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--profile", default="plain", help=f"one of {', '.join(PROFILES)}, combinable with '+'")
     parser.add_argument("--lag-ms", type=float, default=2000, help="visibility lag of the lagging profile")
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every metadata operation")
+    parser.add_argument("--flush-ms", type=float, default=0,
+                        help="nfs-cto: how long a close of a written file takes before other nodes see its data")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     parser.add_argument("--state-dir", help="directory for lock shadow files (default: private temp dir)")
     parser.add_argument("--exit-with-parent", action="store_true",
@@ -1105,7 +1115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(str(exc))
     return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms, latency_ms=args.latency_ms,
                  debug=args.debug, state_dir=args.state_dir, exit_with_parent=args.exit_with_parent,
-                 count_ops=args.count_ops)
+                 count_ops=args.count_ops, flush_ms=args.flush_ms)
 
 
 # --------------------------------------------------------------------------
@@ -1312,11 +1322,13 @@ def mount(
     timeout: float = 10.0,
     debug: bool = False,
     count_ops: bool = False,
+    flush_ms: float = 0,
 ) -> HostileMount:
     """Mount hostilefs over ``backing`` at ``mountpoint`` and wait until it serves.
 
     Both directories are created if missing.  ``count_ops`` counts every operation per
-    simulated node and kind (read them with :meth:`HostileMount.op_counts`).  Raises :class:`FuseUnavailable`
+    simulated node and kind (read them with :meth:`HostileMount.op_counts`); ``flush_ms`` is ``nfs-cto``'s
+    time a close of a written file takes to reach the other nodes.  Raises :class:`FuseUnavailable`
     when FUSE cannot work here and :class:`HostileMountError` for other
     failures.  The server runs as ``sys.executable .../hostilefs.py`` (by
     path, so a half-written ``sharedfs/__init__.py`` cannot break it), in
@@ -1338,6 +1350,8 @@ def mount(
     state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     cmd = [sys.executable, str(_SCRIPT), "--profile", profile, "--lag-ms", str(lag_ms),
            "--latency-ms", str(latency_ms), "--state-dir", state_dir, "--exit-with-parent"]
+    if flush_ms:
+        cmd += ["--flush-ms", str(flush_ms)]
     if debug:
         cmd.append("--debug")
     if count_ops:
