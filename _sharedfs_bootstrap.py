@@ -54,6 +54,8 @@ TARGETS = {
     # Where OLMo-core is handed a checkpoint directory (OLMO_SHARED_FS); patched when the program imports them.
     "olmo_core.checkpoint": "olmo_core.distributed.checkpoint",
     "olmo_core.train": "olmo_core.train.checkpoint",
+    # The remote-code module cache (HF_MODULES_CACHE); loaded by the Auto* classes, not by `import transformers`.
+    "transformers": "transformers.dynamic_module_utils",
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:
