@@ -56,6 +56,7 @@ TARGETS = {
     "olmo_core.train": "olmo_core.train.checkpoint",
     # The remote-code module cache (HF_MODULES_CACHE); loaded by the Auto* classes, not by `import transformers`.
     "transformers": "transformers.dynamic_module_utils",
+    "diffusers": "diffusers.utils.dynamic_modules_utils",  # the same module cache, diffusers' own copy of it
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

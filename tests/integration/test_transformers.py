@@ -70,7 +70,7 @@ PATCHED = """
 import json, shutil, sys
 import sharedfs, transformers.dynamic_module_utils as d, transformers.generation.utils as g
 def seen():
-    return [d.shutil is shutil, hasattr(d.get_cached_module_file, "__wrapped__"),
+    return [d.shutil is shutil, "modulecache" in d.get_cached_module_file.__code__.co_filename,
             g.get_cached_module_file is d.get_cached_module_file]
 out = [seen()]
 sharedfs.disable()
