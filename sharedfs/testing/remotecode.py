@@ -6,8 +6,8 @@ and the module with it.  The module has a realistic size (remote-code configurat
 are 20-400 kB) and a relative import (``from .helpers import ...``), as Kimi's, Phi's or DeepSeek's do;
 the class it defines comes last, so a module read short lacks it.
 
-Run as a script, it is one rank of a job: ``python remotecode.py SYNC REPO...``.  It imports transformers,
-then for each repo waits for ``SYNC/go-<i>`` (the test starts every rank's load at once), loads
+Run as a module, it is one rank of a job: ``python -m sharedfs.testing.remotecode SYNC REPO...``.  It
+imports transformers, then for each repo waits for ``SYNC/go-<i>`` (the test starts every rank's load at once), loads
 ``AutoConfig.from_pretrained(repo, trust_remote_code=True)`` and prints one JSON line per repo:
 ``{"repo": ..., "ok": true}`` or the exception's type and message.
 """
@@ -38,7 +38,8 @@ def module_source(name: str, padding: int = PADDING) -> str:
     return "\n".join(lines)
 
 
-HELPERS = '"""Helpers imported relatively by the configuration module."""\n\nSCALE = 2\n\n\ndef table():\n    return [1, 2, 3]\n'
+HELPERS = ('"""Helpers imported relatively by the configuration module."""\n\nSCALE = 2\n\n\n'
+           "def table():\n    return [1, 2, 3]\n")
 
 
 def make_repo(hub_cache: Path, repo: str, model_type: str | None = None) -> str:

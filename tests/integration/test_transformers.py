@@ -1,7 +1,7 @@
 """The transformers shim: remote-code modules (``trust_remote_code=True``) on a shared filesystem.
 
 Real transformers (scripts/requirements-test.txt), real processes, an offline hub cache built
-by the test (``tests/remotecode.py``: a model whose ``config.json`` maps ``AutoConfig`` to a
+by the test (``sharedfs/testing/remotecode.py``: a model whose ``config.json`` maps ``AutoConfig`` to a
 ~115 kB module with a relative import); the user's code is ``AutoConfig.from_pretrained(repo,
 trust_remote_code=True)`` and nothing else.
 
@@ -33,19 +33,16 @@ import pytest
 from conftest import require
 from shardcache_support import group_of_users, scratch
 
-from sharedfs.testing import node_env
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import remotecode  # noqa: E402 - tests/remotecode.py, also run as each rank's script
+from sharedfs.testing import node_env, remotecode  # remotecode is also each rank's program
 
 # Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest_plugin import hostile_mount  # noqa: E402,F401
+from sharedfs.testing.pytest_plugin import hostile_mount  # noqa: F401
 
 require("transformers", "needs transformers==5.24.0 (scripts/requirements-test.txt)")
 
 pytestmark = pytest.mark.slow
 
-RANK = str(Path(remotecode.__file__).resolve())
+RANK = ["-m", "sharedfs.testing.remotecode"]
 LOAD = """
 import json, sys
 from transformers import AutoConfig
@@ -154,7 +151,7 @@ def load_on_nodes(mount_path: Path, backing: Path, hub: Path, sync: Path, repos:
     """Start 12 ranks, then start each trial's load on all of them at once; every rank's results."""
     env = offline(hub, HF_HOME=str(backing / "home"), HF_MODULES_CACHE=str(mount_path / "modules"),
                   SHAREDFS_DISABLE=disable)
-    ranks = [subprocess.Popen([sys.executable, RANK, str(sync), *repos], stdout=subprocess.PIPE,
+    ranks = [subprocess.Popen([sys.executable, *RANK, str(sync), *repos], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=node_env(node, {**os.environ, **env},
                                                                               SHAREDFS_TEST_INDEX=i))
              for i, node in enumerate(NODES)]
