@@ -62,6 +62,7 @@ REFERENCES = {
     "LlamaFactory#3065": "https://github.com/hiyouga/LLaMA-Factory/issues/3065",
     "ms-swift#3667": "https://github.com/modelscope/ms-swift/issues/3667",
     "pytorch#189245": "https://github.com/pytorch/pytorch/issues/189245",
+    "diffusers#1517": "https://github.com/huggingface/diffusers/issues/1517",
 }
 
 #: The distribution (and the version range the shims support) behind each module a scenario imports.
@@ -70,6 +71,7 @@ DISTRIBUTIONS = {
     "webdataset": "webdataset>=0.2,<1.1",
     "wids": "wids>=0.1,<0.2",
     "torch": "torch",
+    "transformers": "transformers>=4.57,<6",
 }
 
 
@@ -723,6 +725,26 @@ def torch_extension_two_nodes(sim: Sim) -> tuple[Outcome, Outcome]:
     return _torch_case(sim, "localflock")
 
 
+# -- a team's HF_MODULES_CACHE (transformers remote code) ---------------------------------------------
+
+
+def team_modules(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Two real users of a lab's 2775 ``HF_HOME`` load remote-code models: without sharedfs, then with it."""
+    from sharedfs.testing import scenario_team_modules as team
+
+    try:
+        scratch, (alice, bob) = team.members(sim.stack)
+    except team.Unavailable as exc:
+        raise ScenarioSkipped(str(exc)) from None
+    outcomes = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        got = team.run(scratch, alice, bob, label, {**sim.base_env, **extra})
+        # The evidence names HF_HOME, not this machine's scratch directory.
+        a, b = (text.replace(str(scratch / f"hf-{label}"), "$HF_HOME")[:200] for text in got)
+        outcomes.append(Outcome(not (a.startswith("ok") and b.startswith("ok")), f"alice acc/a: {a}; bob acc/b: {b}"))
+    return outcomes[0], outcomes[1]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -809,4 +831,8 @@ SCENARIOS = (
              broadcast_trap, needs=("datasets",),
              story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
     *_torch_scenarios(),
+    Scenario("two users of a team HF_HOME load remote code (transformers)", "diffusers#1517", team_modules,
+             needs=("transformers",),
+             story="Two real users of a lab's HF_HOME (2775, its group; umask 022) load remote-code models with "
+                   "AutoConfig.from_pretrained(repo, trust_remote_code=True): alice acc/a, then bob acc/b."),
 )
