@@ -55,6 +55,10 @@ TARGETS = {
     "olmo_core.checkpoint": "olmo_core.distributed.checkpoint",
     "olmo_core.train": "olmo_core.train.checkpoint",
     "triton": "triton.runtime.cache",  # get_cache_manager; imported by `import triton`
+    # The remote-code module cache (HF_MODULES_CACHE); loaded by the Auto* classes, not by `import transformers`.
+    "transformers": "transformers.dynamic_module_utils",
+    "diffusers": "diffusers.utils.dynamic_modules_utils",  # the same module cache, diffusers' own copy of it
+    "torch_hub": "torch.hub",  # load_state_dict_from_url; imported by `import torch`
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

@@ -18,10 +18,17 @@ profile            behaviour
                    omits it) while mkdir / O_EXCL create of it answer EEXIST:
                    the NFS stale-cache state in which
                    ``os.makedirs(p, exist_ok=True)`` raises FileExistsError
+``nfs-cto``        close-to-open consistency: while one node has a file open
+                   for writing, the other nodes see its size and content as
+                   of the writer's last close (empty for a file it created),
+                   until the writer closes it (or fsyncs it)
 =================  ==========================================================
 
-Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``.
+Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``, ``nfs-cto+lagging``.
 ``--latency-ms N`` adds N ms to every metadata operation in any profile.
+``--flush-ms N`` (``nfs-cto``) makes each ``close`` of a written file take N ms
+before its data reaches the other nodes, as an NFS close waits for the server's
+COMMIT: the window in which they read the file empty or short.
 
 ``--count-ops`` (``mount(..., count_ops=True)``) counts every operation the
 server answers, per simulated node and per operation kind, so a test or a
@@ -30,6 +37,18 @@ benchmark can measure the load a workload puts on the (metadata) server:
 directory, and :func:`metadata_ops` sums the kinds a metadata server would
 serve.  The kernel caches nothing of a hostilefs mount (every lookup reaches
 the server), so the counts are an upper bound of what a caching client sends.
+
+``nfs-cto`` fakes what NFS clients do with file data: a writer's data stays in
+its node's page cache until ``close`` (or ``fsync``) sends it to the server, and
+another node that opens the file meanwhile reads what the server has -- a file
+copied in place (``shutil.copyfile``) reads empty or short there
+(transformers#22555).  Every process of the writer's node sees the data at once
+(one page cache per node).  An ``O_TRUNC`` open empties the file for every node
+at once, as the SETATTR an NFS client sends for it does.  A single kernel's page
+cache is coherent, so the profile opens the writer's files, and other nodes'
+files while they are being written, with ``direct_io``: their reads and writes
+reach the server, which answers each node with its own view.  (A shared ``mmap``
+of such a file fails with ENODEV; files nobody writes are unaffected.)
 
 A process's simulated node is the ``SHAREDFS_NODE_ID`` in its environment
 (``default`` when unset).  The server reads it from ``/proc/<pid>/environ`` of
@@ -66,6 +85,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -102,7 +122,7 @@ FSTYPE = "fuse.hostilefs"
 #: Profiles deciding what file locks do; at most one per mount.
 LOCK_PROFILES = ("plain", "lustre-noflock", "nfs-nolock", "localflock")
 #: Every base profile name; combine with ``+``.
-PROFILES = LOCK_PROFILES + ("lagging",)
+PROFILES = LOCK_PROFILES + ("lagging", "nfs-cto")
 _LOCK_ERRNO = {"lustre-noflock": errno.ENOSYS, "nfs-nolock": errno.ENOLCK}
 
 _PathLike = Union[str, "os.PathLike[str]"]
@@ -130,22 +150,25 @@ CONTROL_SOCKET = "control.sock"
 
 @dataclass(frozen=True)
 class Profile:
-    """A parsed profile string: one lock behaviour plus the optional lag."""
+    """A parsed profile string: one lock behaviour plus the optional lag and close-to-open data."""
 
     name: str
     locks: str  # one of LOCK_PROFILES
     lagging: bool
+    cto: bool = False  # nfs-cto
 
 
 def parse_profile(name: str) -> Profile:
     """Parse ``"localflock"``, ``"lagging+nfs-nolock"``... Raises ValueError."""
-    locks, lagging = "plain", False
+    locks, lagging, cto = "plain", False, False
     parts = [p.strip() for p in name.split("+") if p.strip()]
     if not parts:
         raise ValueError("empty hostilefs profile")
     for part in parts:
         if part == "lagging":
             lagging = True
+        elif part == "nfs-cto":
+            cto = True
         elif part in LOCK_PROFILES:
             if part != "plain" and locks not in ("plain", part):
                 raise ValueError(f"profile {name!r} combines two lock behaviours ({locks}, {part})")
@@ -153,7 +176,7 @@ def parse_profile(name: str) -> Profile:
                 locks = part
         else:
             raise ValueError(f"unknown hostilefs profile {part!r}; known: {', '.join(PROFILES)}")
-    return Profile(name=name, locks=locks, lagging=lagging)
+    return Profile(name=name, locks=locks, lagging=lagging, cto=cto)
 
 
 # --------------------------------------------------------------------------
@@ -260,6 +283,98 @@ class _Visibility:
             del self._fresh[p]
 
 
+class _Unflushed:
+    """A file some node has open for writing (``nfs-cto``): what the server holds of it."""
+
+    __slots__ = ("writers", "snapshot", "size", "mtime_ns")
+
+    def __init__(self, snapshot: int, size: int, mtime_ns: int) -> None:
+        self.writers: dict[str, int] = {}  # node -> its writing handles not closed yet
+        self.snapshot = snapshot  # an unnamed file with the content as of the last close
+        self.size = size
+        self.mtime_ns = mtime_ns
+
+
+class _CloseToOpen:
+    """Which files are being written, by which nodes, and what the others see of them (``nfs-cto``).
+
+    Keyed by inode, so a file renamed while open keeps its state.  An entry lives
+    from the first writing open (or a write after the last flush) to the flush of
+    the last writing handle: FUSE sends ``flush`` synchronously from ``close(2)``
+    (``release`` may come later), which is when an NFS client sends the data.
+    """
+
+    def __init__(self, snapshot_dir: Optional[str]) -> None:
+        self._mu = threading.Lock()
+        self._files: dict[str, _Unflushed] = {}
+        self._dir = snapshot_dir
+
+    def __bool__(self) -> bool:
+        return bool(self._files)  # the common case (nothing being written) skips every lookup
+
+    def stale(self, inode: str, node: str) -> Optional[_Unflushed]:
+        """The entry for ``inode`` if ``node`` does not write it (it sees the server's copy), else None."""
+        with self._mu:
+            entry = self._files.get(inode)
+            return entry if entry is not None and node not in entry.writers else None
+
+    def writing(self, inode: str, node: str, fd: int, new: bool) -> None:
+        """``node`` starts writing through ``fd``; the others keep seeing the content it has now."""
+        with self._mu:
+            entry = self._files.get(inode)
+            if entry is None:
+                entry = self._files[inode] = self._snapshot(fd, empty=new)
+            entry.writers[node] = entry.writers.get(node, 0) + 1
+
+    def flushed(self, inode: str, node: str) -> None:
+        """One of ``node``'s writing handles was closed: its data is the server's."""
+        with self._mu:
+            entry = self._files.get(inode)
+            if entry is None or node not in entry.writers:
+                return
+            entry.writers[node] -= 1
+            if entry.writers[node] <= 0:
+                del entry.writers[node]
+            if not entry.writers:
+                del self._files[inode]
+                os.close(entry.snapshot)
+
+    def synced(self, inode: str, fd: int) -> None:
+        """``fsync`` or a size change sent the data to the server: the others see it as it is now."""
+        with self._mu:
+            entry = self._files.get(inode)
+            if entry is None:
+                return
+            fresh = self._snapshot(fd, empty=False)
+            fresh.writers = entry.writers
+            self._files[inode] = fresh
+            os.close(entry.snapshot)
+
+    def _snapshot(self, fd: int, empty: bool) -> _Unflushed:
+        st = os.fstat(fd)
+        snap = tempfile.TemporaryFile(dir=self._dir)
+        copy = os.dup(snap.fileno())
+        snap.close()  # the dup keeps the unnamed file
+        if not empty:
+            source = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # fd may be write-only
+            try:
+                offset = 0
+                while True:
+                    chunk = os.pread(source, 1 << 20, offset)
+                    if not chunk:
+                        break
+                    os.pwrite(copy, chunk, offset)
+                    offset += len(chunk)
+            finally:
+                os.close(source)
+        size = os.fstat(copy).st_size
+        return _Unflushed(copy, size, st.st_mtime_ns)
+
+    @staticmethod
+    def read(entry: _Unflushed, size: int, offset: int) -> bytes:
+        return os.pread(entry.snapshot, size, offset)
+
+
 class _Shadow:
     """An fd on a per-node shadow lock file; localflock takes the real lock on it.
 
@@ -283,14 +398,20 @@ class _Retired(Exception):
 class _Handle:
     """One FUSE open file: the backing fd, its inode key, its flock mirror."""
 
-    __slots__ = ("fd", "inode", "flock", "node")
+    __slots__ = ("fd", "inode", "flock", "node", "writing")
 
     def __init__(self, fd: int, node: Optional[str] = None) -> None:
         st = os.fstat(fd)
         self.fd = fd
-        self.inode = f"{st.st_dev}-{st.st_ino}"  # locks follow the inode across renames/links
+        self.inode = _inode(st)  # locks follow the inode across renames/links
         self.flock: Optional[_Shadow] = None
-        self.node = node  # who opened it (counted mounts): the kernel releases files on nobody's behalf
+        # Who opened it (counted and nfs-cto mounts): the kernel releases files on nobody's behalf.
+        self.node = node
+        self.writing = False  # nfs-cto: its node has data the server has not got yet
+
+
+def _inode(st: os.stat_result) -> str:
+    return f"{st.st_dev}-{st.st_ino}"
 
 
 # struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start,
@@ -395,11 +516,15 @@ class HostileOps:
         shadow_dir: _PathLike,
         context: Any = None,
         count_ops: bool = False,
+        snapshot_dir: Optional[str] = None,
+        flush_ms: float = 0,
     ) -> None:
         self.root = os.path.realpath(backing)
         self.profile = profile
         self.latency_s = latency_ms / 1000.0
         self.vis = _Visibility(lag_ms / 1000.0) if profile.lagging else None
+        self.cto = _CloseToOpen(snapshot_dir) if profile.cto else None
+        self.flush_s = flush_ms / 1000.0
         self.shadow_dir = str(shadow_dir)
         self._context = context or (lambda: (0, 0, 0))  # mfusepy.fuse_get_context
         self._mu = threading.Lock()
@@ -482,8 +607,10 @@ class HostileOps:
             except OSError:
                 pass
 
-    def _new_handle(self, fd: int) -> int:
-        h = _Handle(fd, self._caller_node() if self.counter is not None else None)
+    def _new_handle(self, fd: int, node: Optional[str] = None) -> int:
+        if node is None and self.counter is not None:
+            node = self._caller_node()
+        h = _Handle(fd, node)
         with self._mu:
             fh = self._next_handle
             self._next_handle += 1
@@ -503,10 +630,20 @@ class HostileOps:
     def getattr(self, path: Optional[str], fi: Any = None) -> dict[str, int]:
         self._meta()
         if fi is not None:
-            return _stat_dict(os.fstat(self._handle(fi).fd))
+            h = self._handle(fi)
+            return self._as_seen(os.fstat(h.fd), h.node)
         assert path is not None  # libfuse passes a path whenever no file handle is given
         self._check_visible(path)
-        return _stat_dict(os.lstat(self._real(path)))
+        return self._as_seen(os.lstat(self._real(path)))
+
+    def _as_seen(self, st: os.stat_result, node: Optional[str] = None) -> dict[str, int]:
+        """``st`` as the calling node sees it: the server's size and mtime of a file another node writes."""
+        attrs = _stat_dict(st)
+        if self.cto:
+            entry = self.cto.stale(_inode(st), node or self._caller_node())
+            if entry is not None:
+                attrs.update(st_size=entry.size, st_blocks=(entry.size + 511) // 512, st_mtime=entry.mtime_ns)
+        return attrs
 
     def readdir(self, path: str, fh: int) -> list[Any]:
         self._meta()
@@ -598,10 +735,19 @@ class HostileOps:
     def truncate(self, path: Optional[str], length: int, fi: Any = None) -> int:
         self._meta()
         if fi is not None:
-            os.ftruncate(self._handle(fi).fd, length)
+            fd = self._handle(fi).fd
+            os.ftruncate(fd, length)
+            if self.cto:
+                self.cto.synced(_inode(os.fstat(fd)), fd)  # a SETATTR: the server has the new size
         else:
             assert path is not None  # libfuse passes a path whenever no file handle is given
             os.truncate(self._real(path), length)
+            if self.cto:
+                fd = os.open(self._real(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    self.cto.synced(_inode(os.fstat(fd)), fd)
+                finally:
+                    os.close(fd)
         return 0
 
     def utimens(self, path: str, times: Optional[tuple[int, int]] = None) -> int:
@@ -631,8 +777,24 @@ class HostileOps:
         self._meta()
         self._check_visible(path)
         fd = os.open(self._real(path), fi.flags | os.O_CLOEXEC)
-        fi.fh = self._new_handle(fd)
+        if self.cto is None:
+            fi.fh = self._new_handle(fd)
+        else:
+            self._open_cto(fd, fi, new=False)
         return 0
+
+    def _open_cto(self, fd: int, fi: Any, new: bool) -> None:
+        """nfs-cto: a writing handle keeps its data from the other nodes until it is closed."""
+        assert self.cto is not None
+        node = self._caller_node()
+        fi.fh = self._new_handle(fd, node)
+        h = self._handle(fi)
+        if fi.flags & os.O_ACCMODE != os.O_RDONLY and stat.S_ISREG(os.fstat(fd).st_mode):
+            self.cto.writing(h.inode, node, fd, new)
+            h.writing = True
+            fi.direct_io = 1  # the writes reach us, not the one page cache every "node" shares
+        elif self.cto.stale(h.inode, node) is not None:
+            fi.direct_io = 1  # the reads reach us, who answer with the server's copy
 
     def create(self, path: str, mode: int, fi: Any) -> int:
         self._meta()
@@ -645,21 +807,48 @@ class HostileOps:
             self._created(path, real)
         elif self.vis is not None:
             self.vis.learned(path, self._caller_node())
-        fi.fh = self._new_handle(fd)
+        if self.cto is None:
+            fi.fh = self._new_handle(fd)
+        else:
+            self._open_cto(fd, fi, new=not existed)
         return 0
 
     def read(self, path: Optional[str], size: int, offset: int, fi: Any) -> bytes:
-        return os.pread(self._handle(fi).fd, size, offset)
+        h = self._handle(fi)
+        if self.cto and h.node is not None:
+            entry = self.cto.stale(h.inode, h.node)
+            if entry is not None:
+                return self.cto.read(entry, size, offset)
+        return os.pread(h.fd, size, offset)
 
     def write(self, path: Optional[str], data: bytes, offset: int, fi: Any) -> int:
-        return os.pwrite(self._handle(fi).fd, data, offset)
+        h = self._handle(fi)
+        if self.cto is not None and not h.writing and h.node is not None:
+            # Written again after a close of a duplicate: unflushed again, the others see what is there now.
+            self.cto.writing(h.inode, h.node, h.fd, new=False)
+            h.writing = True
+        return os.pwrite(h.fd, data, offset)
 
     def flush(self, path: Optional[str], fi: Any) -> int:
+        if self.cto is not None:
+            h = self._handle(fi)
+            if h.writing and self.flush_s:
+                time.sleep(self.flush_s)  # sending the data; the other nodes still see the server's copy
+            self._flushed(h)
         return 0
 
+    def _flushed(self, h: _Handle) -> None:
+        """nfs-cto: ``close(2)`` sends the data to the server (FUSE's flush is synchronous, release is not)."""
+        if self.cto is not None and h.writing and h.node is not None:
+            h.writing = False
+            self.cto.flushed(h.inode, h.node)
+
     def fsync(self, path: Optional[str], datasync: int, fi: Any) -> int:
-        fd = self._handle(fi).fd
+        h = self._handle(fi)
+        fd = h.fd
         os.fdatasync(fd) if datasync else os.fsync(fd)
+        if self.cto is not None and h.writing:
+            self.cto.synced(h.inode, fd)
         return 0
 
     def release(self, path: Optional[str], fi: Any) -> int:
@@ -667,6 +856,7 @@ class HostileOps:
             h = self._handles.pop(fi.fh, None)
         if h is None:
             return 0
+        self._flushed(h)  # a writer that never flushed (none should): its data reaches the server now
         if h.flock is not None:  # closing the file drops its flock, as on any fs
             self._discard(h.flock)
         os.close(h.fd)
@@ -841,6 +1031,7 @@ def serve(
     state_dir: Optional[str] = None,
     exit_with_parent: bool = False,
     count_ops: bool = False,
+    flush_ms: float = 0,
 ) -> int:
     """Mount and serve in the foreground until unmounted or signalled.
 
@@ -867,7 +1058,7 @@ def serve(
         state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     ops = HostileOps(backing, prof, lag_ms=lag_ms, latency_ms=latency_ms,
                      shadow_dir=os.path.join(state_dir, "locks"), context=mfusepy.fuse_get_context,
-                     count_ops=count_ops)
+                     count_ops=count_ops, snapshot_dir=state_dir, flush_ms=flush_ms)
     if ops.counter is not None:
         _serve_control(os.path.join(state_dir, CONTROL_SOCKET), ops.counter)
     options: dict[str, Any] = dict(
@@ -907,6 +1098,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--profile", default="plain", help=f"one of {', '.join(PROFILES)}, combinable with '+'")
     parser.add_argument("--lag-ms", type=float, default=2000, help="visibility lag of the lagging profile")
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every metadata operation")
+    parser.add_argument("--flush-ms", type=float, default=0,
+                        help="nfs-cto: how long a close of a written file takes before other nodes see its data")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     parser.add_argument("--state-dir", help="directory for lock shadow files (default: private temp dir)")
     parser.add_argument("--exit-with-parent", action="store_true",
@@ -922,7 +1115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(str(exc))
     return serve(args.backing, args.mountpoint, args.profile, lag_ms=args.lag_ms, latency_ms=args.latency_ms,
                  debug=args.debug, state_dir=args.state_dir, exit_with_parent=args.exit_with_parent,
-                 count_ops=args.count_ops)
+                 count_ops=args.count_ops, flush_ms=args.flush_ms)
 
 
 # --------------------------------------------------------------------------
@@ -1129,11 +1322,13 @@ def mount(
     timeout: float = 10.0,
     debug: bool = False,
     count_ops: bool = False,
+    flush_ms: float = 0,
 ) -> HostileMount:
     """Mount hostilefs over ``backing`` at ``mountpoint`` and wait until it serves.
 
     Both directories are created if missing.  ``count_ops`` counts every operation per
-    simulated node and kind (read them with :meth:`HostileMount.op_counts`).  Raises :class:`FuseUnavailable`
+    simulated node and kind (read them with :meth:`HostileMount.op_counts`); ``flush_ms`` is ``nfs-cto``'s
+    time a close of a written file takes to reach the other nodes.  Raises :class:`FuseUnavailable`
     when FUSE cannot work here and :class:`HostileMountError` for other
     failures.  The server runs as ``sys.executable .../hostilefs.py`` (by
     path, so a half-written ``sharedfs/__init__.py`` cannot break it), in
@@ -1155,6 +1350,8 @@ def mount(
     state_dir = tempfile.mkdtemp(prefix="hostilefs-")
     cmd = [sys.executable, str(_SCRIPT), "--profile", profile, "--lag-ms", str(lag_ms),
            "--latency-ms", str(latency_ms), "--state-dir", state_dir, "--exit-with-parent"]
+    if flush_ms:
+        cmd += ["--flush-ms", str(flush_ms)]
     if debug:
         cmd.append("--debug")
     if count_ops:

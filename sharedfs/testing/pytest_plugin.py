@@ -42,14 +42,14 @@ def hostile_mount(tmp_path: Path) -> Iterator[Callable[..., HostileMount]]:
     counter = itertools.count()
 
     def factory(profile: str = "plain", *, lag_ms: float = 2000, latency_ms: float = 0,
-                timeout: float = 10.0) -> HostileMount:
+                timeout: float = 10.0, flush_ms: float = 0) -> HostileMount:
         ok, reason = fuse_available()
         if not ok:
             skip_or_fail(f"FUSE unavailable: {reason}")
         base = tmp_path / f"hostilefs-{next(counter)}-{profile.replace('+', '_')}"
         try:
             m = mount(base / "backing", base / "mnt", profile, lag_ms=lag_ms,
-                      latency_ms=latency_ms, timeout=timeout)
+                      latency_ms=latency_ms, timeout=timeout, flush_ms=flush_ms)
         except FuseUnavailable as exc:
             skip_or_fail(f"FUSE unavailable: {exc}")
         mounts.append(m)

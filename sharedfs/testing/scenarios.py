@@ -64,6 +64,7 @@ REFERENCES = {
     "pytorch#189245": "https://github.com/pytorch/pytorch/issues/189245",
     "triton#2688": "https://github.com/triton-lang/triton/issues/2688",
     "prime-rl PR #2305": "https://github.com/PrimeIntellect-ai/prime-rl/pull/2305",
+    "diffusers#1517": "https://github.com/huggingface/diffusers/issues/1517",
 }
 
 #: The distribution (and the version range the shims support) behind each module a scenario imports.
@@ -73,6 +74,7 @@ DISTRIBUTIONS = {
     "wids": "wids>=0.1,<0.2",
     "torch": "torch",
     "triton": "triton>=3.0,<4",
+    "transformers": "transformers>=4.57,<6",
 }
 
 
@@ -746,6 +748,26 @@ def torch_extension_two_nodes(sim: Sim) -> tuple[Outcome, Outcome]:
     return _torch_case(sim, "localflock")
 
 
+# -- a team's HF_MODULES_CACHE (transformers remote code) ---------------------------------------------
+
+
+def team_modules(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Two real users of a lab's 2775 ``HF_HOME`` load remote-code models: without sharedfs, then with it."""
+    from sharedfs.testing import scenario_team_modules as team
+
+    try:
+        scratch, (alice, bob) = team.members(sim.stack)
+    except team.Unavailable as exc:
+        raise ScenarioSkipped(str(exc)) from None
+    outcomes = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        got = team.run(scratch, alice, bob, label, {**sim.base_env, **extra})
+        # The evidence names HF_HOME, not this machine's scratch directory.
+        a, b = (text.replace(str(scratch / f"hf-{label}"), "$HF_HOME")[:200] for text in got)
+        outcomes.append(Outcome(not (a.startswith("ok") and b.startswith("ok")), f"alice acc/a: {a}; bob acc/b: {b}"))
+    return outcomes[0], outcomes[1]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -836,4 +858,8 @@ SCENARIOS = (
              story="9 processes on 3 nodes put and read the same 6 kernels through triton.runtime.cache's own "
                    "get_cache_manager, as triton.compiler.compile does, while the metadata cache lags 2 s."),
     *_torch_scenarios(),
+    Scenario("two users of a team HF_HOME load remote code (transformers)", "diffusers#1517", team_modules,
+             needs=("transformers",),
+             story="Two real users of a lab's HF_HOME (2775, its group; umask 022) load remote-code models with "
+                   "AutoConfig.from_pretrained(repo, trust_remote_code=True): alice acc/a, then bob acc/b."),
 )

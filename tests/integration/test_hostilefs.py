@@ -281,6 +281,66 @@ def test_lagging_hides_new_entries_from_other_nodes_for_the_lag(hostile_mount, n
     assert outcome(b, "os.makedirs(root + '/d', exist_ok=True)") == "ok"
 
 
+# ---------------------------------------------------------------------------
+# close-to-open data (nfs-cto)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["plain", "nfs-cto", "nfs-cto+lagging"])
+def test_nfs_cto_shows_other_nodes_a_file_as_of_its_writers_last_close(hostile_mount, node, profile):
+    """A plain passthrough shows a file being written to every process at once; nfs-cto shows
+    the other nodes what the writer last closed: a new file empty, a file rewritten in place
+    its old content (transformers#22555: a module imported empty)."""
+    m = hostile_mount(profile, lag_ms=LAG_MS)
+    (m.backing / "shared").mkdir()
+    (m.backing / "shared" / "old.py").write_bytes(b"OLD = 1\n")  # seeded: every node sees it at once
+    root = str(m.path / "shared")
+    writer, neighbour, other = node("a"), node("a"), node("b")
+    for proc in (writer, neighbour, other):
+        proc.run(f"import os; root = {root!r}")
+    data = b"x = 1\n" * 20_000  # 120 kB, written and not closed yet
+    writer.run(f"new = os.open(root + '/new.py', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644); "
+               f"os.write(new, {data!r}); old = os.open(root + '/old.py', os.O_RDWR); "
+               f"os.pwrite(old, b'NEW = 2, 3, 4\\n', 0)")
+    if "lagging" in profile:  # the new name reaches the other node after the lag; its data does not
+        deadline = time.monotonic() + LAG_MS / 1000 + 3
+        while not other.run("os.path.exists(root + '/new.py')"):
+            assert time.monotonic() < deadline, "entry never became visible"
+            time.sleep(0.02)
+    read = "open(root + {name!r}, 'rb').read().decode()"
+    size = "os.stat(root + {name!r}).st_size"
+
+    # The writer's node shares one page cache: it sees everything written.
+    assert neighbour.run(size.format(name="/new.py")) == len(data)
+    assert neighbour.run(read.format(name="/old.py")) == "NEW = 2, 3, 4\n"
+    if profile == "plain":  # one coherent page cache: what NFS never promises
+        assert other.run(size.format(name="/new.py")) == len(data)
+        assert other.run(read.format(name="/new.py")) == data.decode()
+        assert other.run(read.format(name="/old.py")) == "NEW = 2, 3, 4\n"
+        return
+    assert other.run(size.format(name="/new.py")) == 0
+    assert other.run(read.format(name="/new.py")) == ""
+    assert other.run(size.format(name="/old.py")) == len(b"OLD = 1\n")
+    assert other.run(read.format(name="/old.py")) == "OLD = 1\n"
+
+    writer.run("os.fsync(old)")  # fsync sends the data too
+    assert other.run(read.format(name="/old.py")) == "NEW = 2, 3, 4\n"
+    writer.run("os.close(new); os.close(old)")  # close-to-open: the next open sees it all
+    assert other.run(size.format(name="/new.py")) == len(data)
+    assert other.run(read.format(name="/new.py")) == data.decode()
+
+
+def test_nfs_cto_truncating_open_empties_the_file_for_every_node_at_once(hostile_mount, node):
+    m = hostile_mount("nfs-cto")
+    (m.backing / "f").write_bytes(b"before")
+    path = str(m.path / "f")
+    writer, other = node("a"), node("b")
+    writer.run(f"f = open({path!r}, 'w'); f.write('after'); f.flush()")
+    assert other.run(f"open({path!r}).read()") == ""  # NFS sends O_TRUNC as a SETATTR at once
+    writer.run("f.close()")
+    assert other.run(f"open({path!r}).read()") == "after"
+
+
 def test_latency_is_added_to_metadata_operations(hostile_mount):
     slow, fast = hostile_mount("plain", latency_ms=50), hostile_mount("plain")
     per_stat = {}

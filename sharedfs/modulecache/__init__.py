@@ -1,0 +1,1 @@
+"""Remote-code module caches (``HF_MODULES_CACHE``): filled once, each file whole (:mod:`sharedfs.modulecache.fill`)."""

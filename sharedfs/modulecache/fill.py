@@ -1,0 +1,193 @@
+"""Filling a remote-code module cache: each file copied in once, whole, while the other ranks wait.
+
+``trust_remote_code=True`` makes transformers (and diffusers) copy a model repository's
+``.py`` files into ``HF_MODULES_CACHE`` (``transformers_modules/<org>/<name>/<commit>/``)
+from every rank, then import them.  Stock, the copy is ``shutil.copyfile`` -- truncate,
+then write in place -- after an ``exists()`` (or ``filecmp.cmp``) check, and the import is
+guarded by a ``threading.Lock``, which excludes nothing across processes:
+
+* a rank whose ``exists()`` sees the file while another rank is still writing it imports it
+  short or empty: ``AttributeError: module 'transformers_modules....' has no attribute ...``
+  on one rank of many (TensorRT-LLM PR #17708, PR #19553), an empty module on NFS, whose
+  other clients see a file's data only once its writer closed it (transformers#22555);
+* a node whose metadata cache still says "missing" copies the file again, in place, under
+  the feet of the ranks importing it.
+
+What changes, inside ``get_cached_module_file`` only (:func:`fill_once`, and the module's
+``shutil`` through :class:`ShutilView`):
+
+* **once, while the others wait** -- the first copy of a call takes :func:`sharedfs.lock` on
+  the directory it copies into (``<dir>/.sharedfs-fill.lock``) and holds it until the
+  outermost call returns (relative imports recurse); a rank that finds a file missing waits
+  there, then looks again and copies nothing the holder published.  A thread holds at
+  most one such lock, so two ranks filling two directories never wait for each other.
+  A rank that finds every file in place (the warm path) takes no lock at all;
+* **whole** -- the file is written under a temporary name beside its final one, fsynced
+  and hard-linked to its name: the name appears with all of its content or not at all, and
+  a link onto a name another node published already fails with EEXIST even while this
+  node's metadata cache still says "missing" -- this rank then waits until it sees that
+  file (:func:`sharedfs.wait_for`) instead of writing over it.  A visible file with other
+  content (a changed local module) is replaced (``os.replace``); a filesystem without hard
+  links gets ``os.replace`` too.  So a rank never imports a file whose publication it has
+  not seen: the name it opens is always a complete file;
+* **the mode** -- the temporary file is created as ``open()`` creates one (also where the
+  framework calls ``shutil.copy``, which copies the mode bits) (0o666 through the
+  umask or the directory's default ACL), never copied from the source: a read-only
+  snapshot in the hub cache, or mode bits a Lustre mount refuses to copy
+  (NVIDIA-NeMo/Automodel PR #1840), change nothing.  In a team cache the file is then given
+  to the group (:func:`sharedfs.cluster.teamfiles.give`).
+
+Outside ``get_cached_module_file`` (``custom_object_save`` copying a module into a user's
+folder) ``copyfile`` is the original.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import secrets
+import shutil
+import threading
+from types import ModuleType
+from typing import Any, Callable
+
+from sharedfs.cluster import teamfiles
+from sharedfs.cluster.dirs import wait_for
+from sharedfs.fs.publish import Replaced, fsync_dir
+from sharedfs.fs.recordfile import discard_if_same, identity, same_file
+from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
+from sharedfs.locks import lock
+from sharedfs.model.policy import Policy
+
+__all__ = ["LOCK_NAME", "ShutilView", "fill_once", "publish_copy"]
+
+#: The lock file a fill takes in the directory it copies into.
+LOCK_NAME = ".sharedfs-fill.lock"
+#: Module files larger than this are never compared byte for byte: they are published again.
+COMPARE_LIMIT = 64 * 1024 * 1024
+#: errnos of a filesystem that cannot make hard links: the publication renames instead.
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
+
+
+class _Fill(threading.local):
+    depth = 0  # nested get_cached_module_file calls of this thread
+    held: Any = None  # the fill lock this thread holds, until the outermost call returns
+
+
+_fill = _Fill()
+
+
+def fill_once(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``get_cached_module_file`` whose copies publish whole, under one fill lock released when it returns."""
+
+    @functools.wraps(original)
+    def get_cached_module_file(*args: Any, **kwargs: Any) -> Any:
+        state = _fill
+        state.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.depth -= 1
+            if state.depth == 0 and state.held is not None:
+                held, state.held = state.held, None
+                held.release()
+
+    return get_cached_module_file
+
+
+class ShutilView:
+    """What a framework module's ``shutil`` name holds: :mod:`shutil`, with ``copyfile`` publishing inside a fill."""
+
+    def __init__(self, policy: Policy, real: ModuleType = shutil) -> None:
+        self._real = real
+        self._policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def __repr__(self) -> str:
+        return f"<sharedfs view of {self._real!r}>"
+
+    def copyfile(self, src: Any, dst: Any, *, follow_symlinks: bool = True) -> Any:
+        if _fill.depth == 0 or not follow_symlinks:
+            return self._real.copyfile(src, dst, follow_symlinks=follow_symlinks)
+        self._publish(src, dst)
+        return dst
+
+    def copy(self, src: Any, dst: Any, *, follow_symlinks: bool = True) -> Any:
+        """``shutil.copy`` (transformers before 5.x): inside a fill the mode is the umask's, never the source's."""
+        if _fill.depth == 0 or not follow_symlinks:
+            return self._real.copy(src, dst, follow_symlinks=follow_symlinks)
+        if os.path.isdir(dst):
+            dst = os.path.join(dst, os.path.basename(os.fspath(src)))
+        self._publish(src, dst)
+        return dst
+
+    def _publish(self, src: Any, dst: Any) -> None:
+        if _fill.held is None:
+            directory = os.path.dirname(os.path.abspath(os.fspath(dst)))
+            held = lock(os.path.join(directory, LOCK_NAME), policy=self._policy)
+            held.acquire()
+            _fill.held = held
+        publish_copy(src, dst, self._policy)
+
+
+#: What :func:`_published` answers for a name this node does not see.
+_MISSING = b"\0missing"
+
+
+def _published(dst: str) -> bytes | None:
+    """What ``dst`` holds as seen here (read with a cap, never through a symlink); :data:`_MISSING` when this
+    node does not see the name, ``None`` when it cannot be read (a symlink, a FIFO, too large)."""
+    try:
+        found = read_untrusted(dst, COMPARE_LIMIT)
+    except FileNotFoundError:
+        return _MISSING
+    except OSError:
+        return None
+    return None if found is None else found[0]
+
+
+def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], policy: Policy) -> None:
+    """Make ``dst`` a complete copy of ``src``, unless it is one already (see the module doc)."""
+    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    # One look decides: a name that appears between two looks must never be replaced (the ranks that saw it
+    # are importing it), only a name seen with other content.
+    seen = _published(dst)
+    if seen is not None and seen is not _MISSING:
+        with open(src, "rb") as source:
+            if source.read(COMPARE_LIMIT + 1) == seen:
+                return  # published while this rank waited for the fill lock
+    directory, name = os.path.split(dst)
+    temp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = create_exclusive(temp, 0o666)  # the umask or the default ACL decide, as for open()
+    held = identity(fd)
+    try:
+        with open(src, "rb") as source:
+            while chunk := source.read(1 << 20):
+                write_all(fd, chunk)
+        os.fsync(fd)  # an NFS client sends the data now: other nodes read it whole once the name appears
+        if not same_file(temp, fd):
+            raise Replaced(f"{temp} was replaced while it was written; someone with write access to "
+                           f"{directory} is interfering")
+        if seen is not _MISSING:
+            os.replace(temp, dst)  # seen here with other content: a changed module, as stock replaces it
+        else:
+            try:
+                os.link(temp, dst)
+            except FileExistsError:
+                # Published by another node and not visible here yet: wait to see that file, never overwrite it.
+                wait_for(dst, policy.wait_timeout, what=f"module file {dst}, published by another process")
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                os.replace(temp, dst)
+            discard_if_same(temp, held)
+    except BaseException:
+        discard_if_same(temp, held)
+        raise
+    finally:
+        os.close(fd)
+    fsync_dir(directory)
+    teamfiles.give(dst)  # in a team cache: the group's, as every file the framework makes there
