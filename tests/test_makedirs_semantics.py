@@ -12,7 +12,7 @@ denied exists only for the latter), and first shows it can tell: the usual hand-
 
 The same comparison runs again on a filesystem classified as shared (hostilefs, an honest FUSE
 passthrough), where the guard is live, with ``SHAREDFS_WAIT_TIMEOUT=3``: every case must also end
-in under a second.  Before, a dangling symlink as a parent (``os.makedirs("dl/x")``, also four
+in under a second (a slower one is timed again: a loaded machine's stall is not a wait).  Before, a dangling symlink as a parent (``os.makedirs("dl/x")``, also four
 levels deep, either ``exist_ok``) waited the whole timeout; and an ``exist_ok=False`` error a caller
 had handled made a later, unrelated mkdir below that directory (since removed) wait it too.
 """
@@ -94,7 +94,18 @@ COMPARE = textwrap.dedent(r'''
                     CASES.append(("mkdir", rel, mode, parents, exist_ok, False))
 
 
-    def run(case):
+    def run(case, prepare=lambda: None):
+        prepare()
+        got = once(case)
+        if took[-1][-1] > 1.0:  # slow: again, so that a stall of a loaded machine is not taken for a wait
+            first = took[-1].pop()
+            prepare()
+            got = once(case)
+            took[-1][-1] = min(first, took[-1][-1])
+        return got
+
+
+    def once(case):
         kind, rel, mode, parents, exist_ok, as_bytes = case
         build()
         path = os.path.join(root, rel) if rel else ""
@@ -108,7 +119,10 @@ COMPARE = textwrap.dedent(r'''
         except Exception as exc:
             outcome = [type(exc).__name__, getattr(exc, "errno", None), str(exc),
                        os.fsdecode(exc.filename) if getattr(exc, "filename", None) is not None else None,
-                       getattr(exc, "filename2", None), list(getattr(exc, "__notes__", []))]
+                       getattr(exc, "filename2", None), list(getattr(exc, "__notes__", [])),
+                       # the guard re-raises the standard library's own exception (bare raise); one it raised
+                       # itself instead (a retry's) would come "from None"
+                       exc.__suppress_context__]
         took[-1].append(time.monotonic() - start)
         return [outcome, tree()]
 
@@ -146,10 +160,11 @@ COMPARE = textwrap.dedent(r'''
     from sharedfs.machinery import pending
 
     def pending_case(case):
-        shim.unpatch()
-        pending.withdraw()
-        pending.install(lambda: shim.patch(runtime.policy()))
-        return run(case)
+        def reinstall():
+            shim.unpatch()
+            pending.withdraw()
+            pending.install(lambda: shim.patch(runtime.policy()))
+        return run(case, reinstall)
 
     took.append([])
     results["pending"] = [pending_case(case) for case in CASES]
@@ -278,6 +293,7 @@ def test_guard_on_a_shared_filesystem_fails_as_the_standard_library_at_its_speed
     _check_shared(results, denied=True)
 
 
+LONGER_WAIT = {"SHAREDFS_WAIT_TIMEOUT": "6"}
 AFTERWARDS = textwrap.dedent(r'''
     import json, os, pathlib, shutil, sys, threading, time
 
@@ -347,7 +363,7 @@ AFTERWARDS = textwrap.dedent(r'''
 def _afterwards(root: Path, impl: str) -> dict:
     root.mkdir()
     out = subprocess.run([sys.executable, "-c", AFTERWARDS, str(root), impl], capture_output=True, text=True,
-                         timeout=300, env=clean_env(WAIT))
+                         timeout=300, env=clean_env(LONGER_WAIT))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -364,5 +380,6 @@ def test_an_exist_ok_false_error_the_caller_handled_is_forgotten_when_the_call_e
     assert stock["stale Path.mkdir"][0][0] == "FileNotFoundError", stock
     for name, (want, took) in stock.items():
         got, guarded_took = guarded[name]
-        assert took < STOCK_SPEED and guarded_took < STOCK_SPEED, (name, took, guarded_took)
+        # One try each (the steps build on each other): the bar is half a wait that takes 6 s, not a second.
+        assert took < 3.0 and guarded_took < 3.0, (name, took, guarded_took)
         assert json.dumps(got).replace("/guarded/", "/stock/") == json.dumps(want), (name, want, got)
