@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import clean_env
+from helpers.env import clean_env
 
 WORKER = str(Path(__file__).with_name("lockworker.py"))
 

@@ -28,9 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import ROOT, clean_env
-from unixusers import end_processes_of
-
+from helpers.env import ROOT, clean_env
+from helpers.unixusers import admin, end_processes_of
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
 #: sharedfs before this change: coordination files in ``<cache>/.sharedfs``, a lock file per
@@ -125,15 +124,15 @@ def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
     """
     _require_root()
     group = f"sfg{uuid.uuid4().hex[:9]}"
-    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    admin(["groupadd", group])
     users: list[User] = []
     granted: list[str] = []
     try:
         gid = grp.getgrnam(group).gr_gid
         for _ in range(count):
             name = f"sfu{uuid.uuid4().hex[:9]}"
-            subprocess.run(["useradd", "--no-create-home", "--user-group", "--groups", group,
-                            "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+            admin(["useradd", "--no-create-home", "--user-group", "--groups", group, "--shell", "/usr/sbin/nologin",
+                   name])
             entry = pwd.getpwnam(name)
             home = home_root / f"home-{name}"
             home.mkdir(mode=0o700)
@@ -141,20 +140,20 @@ def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
             users.append(User(name, entry.pw_uid, entry.pw_gid, gid, home))
         # The interpreter may live under root's private home (pyenv): let the group traverse, nothing more.
         for directory in _untraversable([sys.executable, os.path.realpath(sys.executable), str(ROOT / "sharedfs")]):
-            subprocess.run(["setfacl", "-m", f"g:{group}:x", directory], check=True, capture_output=True)
+            admin(["setfacl", "-m", f"g:{group}:x", directory])
             granted.append(directory)
         yield users
     finally:
         leftovers = []
         for directory in granted:
-            subprocess.run(["setfacl", "-x", f"g:{group}", directory], check=False, capture_output=True)
+            admin(["setfacl", "-x", f"g:{group}", directory], check=False)
         for user in users:
             end_processes_of(user.uid)  # userdel refuses a user who still runs something
-            done = subprocess.run(["userdel", user.name], check=False, capture_output=True, text=True)
+            done = admin(["userdel", user.name], check=False)
             if done.returncode != 0:
                 leftovers.append(f"user {user.name}: {done.stderr.strip()}")
-            subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
-        done = subprocess.run(["groupdel", group], check=False, capture_output=True, text=True)
+            admin(["groupdel", user.name], check=False)  # if userdel left it
+        done = admin(["groupdel", group], check=False)
         if done.returncode != 0:
             leftovers.append(f"group {group}: {done.stderr.strip()}")
         assert not leftovers, f"throwaway users or groups could not be removed: {leftovers}"

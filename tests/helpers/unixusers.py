@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -14,6 +15,29 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
+
+#: One lock for every test's edits of this machine's accounts and of shared directories' ACLs: useradd,
+#: groupadd, userdel and groupdel give up ("cannot lock /etc/passwd; try again later") while another
+#: holds the account files, and setfacl rewrites a directory's whole ACL (read, change, write), so two
+#: tests running at once (pytest-xdist workers) could fail or lose each other's entry.
+ACCOUNTS_LOCK = "/tmp/.sharedfs-tests-accounts.lock"
+
+
+@contextmanager
+def accounts_lock() -> Iterator[None]:
+    """Hold the machine-wide :data:`ACCOUNTS_LOCK` (a flock; O_NOFOLLOW: /tmp is everyone's)."""
+    fd = os.open(ACCOUNTS_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def admin(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run an account or ACL command (useradd, userdel, groupadd, groupdel, setfacl) under :func:`accounts_lock`."""
+    with accounts_lock():
+        return subprocess.run(list(argv), check=check, capture_output=True, text=True)
 
 
 @dataclass(frozen=True)
@@ -78,8 +102,7 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
     try:
         for _ in range(count):
             name = f"sfs{uuid.uuid4().hex[:10]}"
-            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
-                           check=True, capture_output=True)
+            admin(["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name])
             import pwd
 
             entry = pwd.getpwnam(name)
@@ -92,11 +115,11 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
             end_processes_of(user.uid)
             deadline = time.monotonic() + 5
             while True:
-                done = subprocess.run(["userdel", user.name], check=False, capture_output=True, text=True)
+                done = admin(["userdel", user.name], check=False)
                 if done.returncode == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
-            subprocess.run(["groupdel", user.name], check=False, capture_output=True)  # if userdel left it
+            admin(["groupdel", user.name], check=False)  # if userdel left it
             if done.returncode != 0:
                 leftovers.append(f"{user.name}: {done.stderr.strip()}")
         assert not leftovers, f"throwaway users could not be removed: {leftovers}"
@@ -152,13 +175,13 @@ def may_run_this_python(user: User, *paths: str) -> Iterator[None]:
             head = os.path.dirname(os.path.realpath(target)) if os.path.isfile(target) else os.path.realpath(target)
             while head != "/":
                 if not os.stat(head).st_mode & 0o001 and head not in granted:
-                    subprocess.run(["setfacl", "-m", f"u:{user.name}:x", head], check=True, capture_output=True)
+                    admin(["setfacl", "-m", f"u:{user.name}:x", head])
                     granted.append(head)
                 head = os.path.dirname(head)
         yield
     finally:
         for head in granted:
-            subprocess.run(["setfacl", "-x", f"u:{user.name}", head], check=False, capture_output=True)
+            admin(["setfacl", "-x", f"u:{user.name}", head], check=False)
 
 
 def owned_by(uid: int, top: str) -> list[str]:

@@ -1,6 +1,6 @@
 # An XTuner 0.2.0 config in XTuner's own pure-Python style (adapted from
 # xtuner/configs/llama/llama2_7b/llama2_7b_qlora_alpaca_e3.py), shrunk for a CPU test: a tiny local
-# Llama (tests/xt_tiny_llama.py) fine-tuned on Alpaca-format rows through process_hf_dataset.
+# Llama (tests/helpers/xt_tiny_llama.py) fine-tuned on Alpaca-format rows through process_hf_dataset.
 # The test renders this file, replacing the two @...@ paths (mmengine imports pure-Python configs
 # lazily, so a config cannot read os.environ).
 from datasets import load_dataset

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
-from locktools import count_overlaps
+from helpers import HELPERS, clean_env
+from helpers.locktools import count_overlaps
 
-WORKER = str(Path(__file__).parents[1] / "chaosworker.py")
+WORKER = str(HELPERS / "chaosworker.py")
 WORKERS = 6
 SECONDS = 15.0
 KILL_EVERY = 0.3

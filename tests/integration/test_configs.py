@@ -12,7 +12,7 @@ import pytest
 
 from sharedfs.model.policy import resolve
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 POLICIES = sorted((CONFIGS / "policy").glob("*.toml"))
 
 needs_mmengine = pytest.mark.skipif(

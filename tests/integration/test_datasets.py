@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, clean_env, make_venv
+from helpers import Venv, clean_env, make_venv
 from packaging.version import Version
 
 from sharedfs.testing.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
+from sharedfs.testing.ports import free_port
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.slow
@@ -314,12 +314,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: Each simulated node gets its own tmpfs at the *same* path, in its own mount namespace: a
 #: real node-local /tmp (same path string on every node, different content), which plain
 #: directories on one machine cannot imitate (every "node" could open every other's files).
@@ -336,7 +330,7 @@ def _gloo_job(tmp_path: Path, env: dict[str, str], label: str) -> dict[str, Any]
         skip_or_fail("node-local disks are simulated with unshare --mount + tmpfs, which needs root")
     root = tmp_path / label / "node-local"
     root.mkdir(parents=True)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank, node in enumerate(("a", "b")):
         penv = node_env(node, clean_env({**OFFLINE, **env, "T_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2",

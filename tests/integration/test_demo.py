@@ -22,7 +22,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from conftest import Venv, clean_env, make_venv
+from helpers import Venv, clean_env, make_venv
+from helpers.unixusers import admin
 
 from sharedfs.testing import scenarios
 from sharedfs.testing.scenario_torch import FIXED_UPSTREAM, builds_under_filelock, case_for
@@ -260,14 +261,14 @@ def throwaway_user():
     if os.geteuid() != 0:
         pytest.fail("creating a throwaway user needs root (CI runs as root)")
     name = f"sfs{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--create-home", name], check=True)
+    admin(["useradd", "--create-home", name])
     # The interpreter may live under a private /root (pyenv): let the user traverse it, nothing more.
-    subprocess.run(["setfacl", "-m", f"u:{name}:x", "/root"], check=True)
+    admin(["setfacl", "-m", f"u:{name}:x", "/root"])
     try:
         yield name
     finally:
-        subprocess.run(["setfacl", "-x", f"u:{name}", "/root"], check=False)
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        admin(["setfacl", "-x", f"u:{name}", "/root"], check=False)
+        admin(["userdel", "--remove", name], check=False)
 
 
 def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) -> None:

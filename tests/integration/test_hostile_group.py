@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require
-from shardcache_support import User, group_of_users, scratch
+from helpers import ROOT, require
+from helpers.shardcache_support import User, group_of_users, scratch
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
@@ -49,7 +49,8 @@ require("datasets", "needs datasets (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 
-pytestmark = pytest.mark.slow
+# xdist_group: the module's throwaway users and site, made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_hostile_group")]
 
 #: sharedfs before this change: team-cache roots resolved with ``realpath`` and trusted; the shard
 #: cache's orphan cleanup removed ``<parent>/.<cache>.sharedfs`` by path.

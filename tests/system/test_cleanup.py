@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
-from unixusers import User, owned_by, throwaway_users
+from helpers import clean_env
+from helpers.unixusers import User, owned_by, throwaway_users
 
 import sharedfs
 from sharedfs.cluster import cleanup

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from unixusers import User, owned_by, throwaway_users, user_python
+from helpers.unixusers import User, owned_by, throwaway_users, user_python
 
 from sharedfs.cluster.cleanup import JobCleanupError, cleanup_job
 

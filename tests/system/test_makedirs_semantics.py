@@ -22,8 +22,7 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-import unixusers
-from conftest import clean_env
+from helpers import clean_env, unixusers
 
 import sharedfs
 

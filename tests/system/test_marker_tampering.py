@@ -20,7 +20,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import clean_env
+from helpers import clean_env
 
 #: Watches the backing directory: once a taker's record is written under its own name, removes ``b.lock``'s own-name files, puts a directory at ``a.lock``'s,
 #: counts ``c.lock``'s (a marker made by link(2) has one; one made O_EXCL without links has none).

@@ -22,7 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import clean_env
+from helpers import clean_env
 
 #: SIGKILLs the writer of each x.lock own-name record as soon as the record is in it.
 KILLER = textwrap.dedent(r"""

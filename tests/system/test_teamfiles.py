@@ -17,7 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import clean_env
+from helpers import clean_env
 
 CHILD = textwrap.dedent("""
     import json, os, stat, sys, threading, time

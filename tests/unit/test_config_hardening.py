@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
 
 import sharedfs
 from sharedfs import ConfigError

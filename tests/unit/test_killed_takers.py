@@ -17,7 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import clean_env
+from helpers import clean_env
 
 DIE_AT = textwrap.dedent("""
     import os, re, signal, sys

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import filelock
 import pytest
-from conftest import clean_env
-from locktools import run_workers
+from helpers import clean_env
+from helpers.locktools import run_workers
 
 import sharedfs
 import sharedfs.types

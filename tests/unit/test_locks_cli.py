@@ -2,7 +2,7 @@
 
 Each test shows the failure first -- what a person with ``ls``, ``cat`` and ``rm`` gets -- and then
 that the command does not have it.  Nodes are simulated by ``SHAREDFS_NODE_ID`` (a holder's record
-names its node; a process with another node id cannot see its pid), as in tests/test_locks.py.
+names its node; a process with another node id cannot see its pid), as in tests/unit/test_locks.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
 
 from sharedfs.commands import locks as locks_cmd
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import filelock
 import pytest
-from conftest import clean_env
+from helpers import HELPERS, clean_env
 
 import sharedfs
 
-WORKER = str(Path(__file__).with_name("mxworker.py"))
+WORKER = str(HELPERS / "mxworker.py")
 #: filelock >= 4 resets a forked child's locks; earlier releases leave the child "holding" them.
 FILELOCK_HANDLES_FORK = hasattr(filelock.BaseFileLock, "_reset_after_fork_in_child")
 
 
 class Client:
-    """A lock client process (tests/mxworker.py)."""
+    """A lock client process (tests/helpers/mxworker.py)."""
 
     def __init__(self, lock_file: Path, kind: str, action: str, *args: str, env: dict | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, WORKER, str(lock_file), kind, action, *args],

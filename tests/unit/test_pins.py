@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 REQUIREMENT_FILES = [ROOT / "scripts" / "requirements-test.txt", ROOT / "scripts" / "requirements-lint.txt",
                      ROOT / "tests" / "upstream" / "requirements.txt"]

@@ -107,7 +107,7 @@ def test_plugins_and_shims_load_once_under_one_name() -> None:
     # plugin module would keep caches of its own (a second liveness cache, a second registry).
     import subprocess
 
-    from conftest import clean_env
+    from helpers import clean_env
 
     code = ("import importlib, sys\n"
             "import sharedfs.plugins.slurm\n"
@@ -119,7 +119,7 @@ def test_plugins_and_shims_load_once_under_one_name() -> None:
             "    else:\n"
             "        print('loaded twice', name)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
-                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+                         cwd=str(__import__("pathlib").Path(__file__).parents[2]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("refused") == 2 and "loaded twice" not in out.stdout, out.stdout
     assert "import sharedfs.plugins, not plugins" in out.stdout

@@ -37,7 +37,7 @@ import pytest
 import sharedfs
 from sharedfs.model import structs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Source folder -> the package it is installed as (plugins/ and shims/ are sharedfs.plugins/.shims).
 PACKAGES = {"sharedfs": "sharedfs", "plugins": "sharedfs.plugins", "shims": "sharedfs.shims"}
 STRUCTS = "sharedfs.model.structs"
