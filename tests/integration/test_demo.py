@@ -63,6 +63,12 @@ def demo(*args: str, expect: int = 0, python: str = sys.executable) -> dict:
     return json.loads(proc.stdout)
 
 
+#: The OLMo#829 scenario installs this checkout into the OLMo-core venv, where tests/integration/test_olmo_core.py
+#: installs the wheel: one worker runs them all, so neither reinstalls under the other's running job.
+OLMO_CORE_VENV = pytest.mark.xdist_group("olmo-core-venv")
+
+
+@OLMO_CORE_VENV
 def test_every_scenario_fails_without_sharedfs_and_works_with_it() -> None:
     started = time.monotonic()
     report = demo()
@@ -200,6 +206,7 @@ def _run_on_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
     return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
 
 
+@OLMO_CORE_VENV
 def test_progress_is_live_on_a_terminal_and_plain_lines_when_piped() -> None:
     only = ["--only", "rank 0 made a dir"]  # one FUSE scenario that takes over 2 s
     code, screen = _run_on_terminal([sys.executable, "-m", "sharedfs", "demo", *only])
