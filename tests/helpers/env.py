@@ -12,10 +12,16 @@ __all__ = ["ROOT", "clean_env", "require"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: What the test runner passes on although it starts with SHAREDFS_: where the framework venvs are kept
+#: (sharedfs.testing.frameworkvenv), a setting of the test machine, not of sharedfs.  Without it a child
+#: (`sharedfs demo`) would build or reinstall the venvs in the default cache, another checkout's.
+KEPT = frozenset({"SHAREDFS_TEST_VENV_CACHE"})
+
+
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The test runner's environment without any SHAREDFS_* or PYTHON* leaking into children."""
+    """The test runner's environment without any SHAREDFS_* (but :data:`KEPT`) or PYTHON* leaking into children."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SHAREDFS_", "PYTHON", "HF_", "WDS_", "WIDS_")) and k != "LD_PRELOAD"}
+           if k in KEPT or (not k.startswith(("SHAREDFS_", "PYTHON", "HF_", "WDS_", "WIDS_")) and k != "LD_PRELOAD")}
     env.update(extra or {})
     return env
 
