@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATASETS_REQ, ROOT, Venv, make_venv
+from helpers.perrun import built_once_per_run
 
 pytest_plugins = ["sharedfs.testing.pytest_plugin"]
 
@@ -36,19 +36,12 @@ def sharedfs_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sharedfs whenever the wheel's bytes differ, and a wheel built twice differs (its timestamps) --
     a worker would reinstall it under another worker's running job.
     """
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the run's directory, above every worker's own
-    out = base / "sharedfs-wheel"
-    with open(base / "sharedfs-wheel.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        if not out.is_dir():
-            building = base / f"sharedfs-wheel.{os.getpid()}"
-            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(building),
-                                   str(ROOT)], capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stderr
-            building.rename(out)
-    (wheel,) = out.glob("sharedfs-*.whl")
+    def build(out: Path) -> None:
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+    (wheel,) = built_once_per_run(tmp_path_factory, "sharedfs-wheel", build).glob("sharedfs-*.whl")
     return wheel
 
 

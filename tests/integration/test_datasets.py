@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from helpers import Venv, clean_env, make_venv
+from helpers.perrun import built_once_per_run
 from packaging.version import Version
 
 from sharedfs.testing.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
@@ -109,8 +110,11 @@ def map_runs(counter: Path) -> Counter[str]:
 
 @pytest.fixture(scope="session")
 def old_stack_venv(tmp_path_factory: pytest.TempPathFactory, sharedfs_wheel: Path) -> Venv:
-    """datasets 3.6 + huggingface_hub 0.36 with sharedfs and the filelock its requirement gives."""
-    return make_venv(tmp_path_factory.mktemp("venv") / "old-stack", str(sharedfs_wheel), *OLD_STACK)
+    """datasets 3.6 + huggingface_hub 0.36 with sharedfs and the filelock its requirement gives (built once per
+    run; its tests only run in it)."""
+    path = built_once_per_run(tmp_path_factory, "old-stack-venv",
+                              lambda path: make_venv(path, str(sharedfs_wheel), *OLD_STACK))
+    return Venv(path)
 
 
 # -- datasets#6395: Lustre without -o flock ------------------------------------------------------
