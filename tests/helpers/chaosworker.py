@@ -5,7 +5,9 @@ for filelock's own FileLock, the baseline)
 
 Inside the lock: read the counter, publish counter + 1 by rename, then append one line
 ``<pid> <start> <end> <value>`` to LOG (monotonic clock, shared by every process of the
-machine).  A worker SIGKILLed between the rename and the append leaves the counter one
+machine).  Once started (interpreter, sharedfs, the lock object), it creates ``LOG.ready-<pid>``: the
+drill kills only workers that are up, or on a busy machine it would kill them all while they start
+and measure nothing.  A worker SIGKILLed between the rename and the append leaves the counter one
 ahead of the log, never behind: the log can only have *more* lines than the counter if two
 workers held the lock at once (a lost update).
 """
@@ -28,6 +30,7 @@ def main() -> None:
 
         lock = sharedfs.lock(lock_file, timeout=-1, kind=None if kind == "auto" else kind)
     out = open(log, "a", buffering=1)
+    open(f"{log}.ready-{os.getpid()}", "w").close()  # up: the drill may kill it from now on
     while True:
         with lock:
             start = time.monotonic()

@@ -43,6 +43,8 @@ def drill(directory: Path, log: Path, kind: str, env: dict[str, str], nodes: int
         while time.monotonic() < deadline:
             time.sleep(KILL_EVERY)
             victim = rng.randrange(WORKERS)
+            if not Path(f"{log}.ready-{procs[victim].pid}").exists():
+                continue  # still starting (a busy machine): killing it would only starve the drill
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             kills.append(time.monotonic())
