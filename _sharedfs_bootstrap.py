@@ -24,13 +24,13 @@ import sys
 
 # The bootstrap reads one variable.  Its name and values are spelled here as well as in
 # ``sharedfs.model.envvars`` because every module imported at start-up costs every process
-# ~0.15 ms; tests/test_shim.py checks that the two agree.
+# ~0.15 ms; tests/unit/test_shim.py checks that the two agree.
 DISABLE = "SHAREDFS_DISABLE"
 TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
 
 #: Built-in shim name -> the module whose import triggers it.  A static table, as
 #: in ddtrace's ``_monkey.py``, so that nothing has to be imported to know it; each
-#: shim declares the same ``target`` (tests/test_shim.py checks that they agree).
+#: shim declares the same ``target`` (tests/unit/test_shim.py checks that they agree).
 TARGETS = {
     "datasets": "datasets",
     "webdataset": "webdataset",

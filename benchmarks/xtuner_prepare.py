@@ -9,7 +9,7 @@
    function); goal 1 per node.  Without sharedfs XTuner prepares on rank 0 only, so the
    second node gets 0 -- and, on a real cluster, paths it cannot open.
 
-Needs the XTuner stack (tests/xt_requirements.txt):
+Needs the XTuner stack (tests/helpers/xt_requirements.txt):
 
     python benchmarks/xtuner_prepare.py --python /path/to/xtuner-venv/bin/python [--json] [--quick] [--repeat 3]
 
@@ -137,7 +137,7 @@ def main() -> int:
     check = subprocess.run([args.python, "-c", "import xtuner, sharedfs"], capture_output=True, text=True)
     if check.returncode != 0:
         print(f"{args.python} cannot import xtuner and sharedfs ({check.stderr.strip().splitlines()[-1]}); "
-              "pass --python of a venv made with `pip install -r tests/xt_requirements.txt` + sharedfs",
+              "pass --python of a venv made with `pip install -r tests/helpers/xt_requirements.txt` + sharedfs",
               file=sys.stderr)
         return 2  # cannot run here: benchmarks/run_all.py lists it as skipped
     with tempfile.TemporaryDirectory(prefix="xtuner-prepare-") as tmp:

@@ -5,7 +5,7 @@
 
 One source: the rows are :data:`sharedfs.testing.scenarios.SCENARIOS` (name, public report, what
 it runs), so the site cannot list a scenario the demo does not run, or miss one it does;
-tests/test_demo_table.py checks docs/index.md against it, and the README's demo output against
+tests/integration/test_demo_table.py checks docs/index.md against it, and the README's demo output against
 the same names.
 """
 

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/test_docs_search.py)
+APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/integration/test_docs_search.py)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -37,6 +37,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         -c scripts/constraints.txt  # every package pinned (scripts/pin.sh): a fresh machine is CI's
     echo "$want" > "$stamp"
 fi
+
+# `make check` needs none of the framework venvs below.
+[ "${SHAREDFS_SETUP_FRAMEWORK_VENVS:-1}" = 0 ] && exit 0
 
 # OLMo-core 3.x cannot live in this venv (it needs filelock<4 and huggingface-hub<2): the demo's OLMo#829
 # scenario and tests/integration/test_olmo_core.py run it in a pinned venv of its own, built once here

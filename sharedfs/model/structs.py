@@ -21,7 +21,7 @@ Annotations are read as dataclasses reads them on each Python: the class's own
 ``__dict__["__annotations__"]`` up to 3.13, ``annotationlib.get_annotations(cls,
 format=Format.FORWARDREF)`` from 3.14, where a module without ``from __future__ import
 annotations`` gives its classes an ``__annotate__`` function instead (PEP 649/749), so field types
-are what ``dataclasses.fields`` of a stock dataclass would hold.  tests/test_structs_annotations.py
+are what ``dataclasses.fields`` of a stock dataclass would hold.  tests/unit/test_structs_annotations.py
 checks every struct of the kernel against dataclasses, and a class as 3.14 builds it.
 """
 

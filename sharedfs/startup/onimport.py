@@ -30,7 +30,7 @@ FOLLOWERS = frozenset({"torch"})
 #: be the shim's (:mod:`sharedfs.machinery.pending`); any activation before that applies it at once.
 #: Not while a third-party plugin is installed or SHAREDFS_DISABLE is set (as for FOLLOWERS and stand-ins).
 PENDING = frozenset({"makedirs"})
-#: The entry-point group of third-party plugins (``registry.NAME``; tests/test_shim.py checks).
+#: The entry-point group of third-party plugins (``registry.NAME``; tests/unit/test_shim.py checks).
 PLUGIN_GROUP = "sharedfs"
 #: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
 _deferred: list[str] = []

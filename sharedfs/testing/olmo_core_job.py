@@ -14,7 +14,6 @@ OLMo's (ai2-olmo) checkpointer the same way (:data:`OLMO_RANK_PROGRAM`, :func:`o
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from sharedfs.testing.frameworkvenv import cached_venv
 from sharedfs.testing.nodes import node_env
+from sharedfs.testing.ports import free_port
 
 __all__ = ["OLMO_RANK_PROGRAM", "OLMO_REQUIREMENTS", "RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv",
            "olmo_venv", "run_job", "start_job", "summary"]
@@ -42,12 +42,6 @@ def olmo_venv(note: Callable[[str], None] = lambda line: None) -> Path:
 def olmo_core_venv(note: Callable[[str], None] = lambda line: None) -> Path:
     """The pinned OLMo-core 3.0.0 stack's venv (built once; sharedfs is installed into it separately)."""
     return cached_venv("olmo-core", REQUIREMENTS, note=note)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_job(python: str, target: Path, env: Mapping[str, str], *, local_root: Path, nodes: int = 3,
@@ -87,7 +81,7 @@ def start_job(python: str, target: Path, env: Mapping[str, str], *, local_root: 
               per_node: int = 2, program: Path = RANK_PROGRAM) -> Job:
     """Start ``program`` (a rank program printing one JSON report, as :data:`RANK_PROGRAM`) in every rank:
     rank ``node * per_node + local`` on node ``n<node>``.  Collect with :meth:`Job.reports`."""
-    port = str(_free_port())
+    port = str(free_port())
     world = nodes * per_node
     procs: list[subprocess.Popen[str]] = []
     try:

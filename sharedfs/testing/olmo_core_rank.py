@@ -10,6 +10,10 @@ here, it does through its autoload, as in a user's job.
 (``_prepare_env_for_save``: the filesystem's local rank 0 creates it, every rank
 waits until it sees it) and then saves through ``torch.distributed.checkpoint``.
 Prints one JSON line: this rank, its node, whether it saved, and the error if not.
+
+``JOB_TIME_SCALE`` (default 1) scales OLMo-core's fixed wait (``wait_for``'s default
+10 s, whichever ``wait_for`` is in place) for tests that scale their filesystem's lag
+by as much: the same race, in a fraction of the time.
 """
 
 import json
@@ -21,10 +25,15 @@ from datetime import timedelta
 
 def main() -> int:
     target = sys.argv[1]
+    import olmo_core.distributed.checkpoint as checkpoint
     import torch
     import torch.distributed as dist
     from olmo_core.distributed.checkpoint import save_state_dict
 
+    scale = float(os.environ.get("JOB_TIME_SCALE", "1"))
+    if scale != 1:
+        (fixed_wait,) = checkpoint.wait_for.__defaults__
+        checkpoint.wait_for.__defaults__ = (fixed_wait * scale,)
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("JOB_COLLECTIVE_TIMEOUT", "120"))))
     rank = dist.get_rank()
     report = {"rank": rank, "node": os.environ.get("SHAREDFS_NODE_ID", ""),

@@ -397,8 +397,8 @@ def stale_lock(sim: Sim) -> tuple[Outcome, Outcome]:
 LIVE_HOLD_SECONDS, LIVE_FIRST_WAIT = 3.0, 1.0
 
 LIVE_HOLDER = """
-    import sys, time
-    which, lock_file, held, hold = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    import os, sys, time
+    which, lock_file, held, hold, trying = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
     if which == "filelock":
         import filelock
         lock = filelock.SoftFileLock(lock_file)
@@ -407,6 +407,11 @@ LIVE_HOLDER = """
         lock = sharedfs.lock(lock_file)
     lock.acquire()
     open(held, "w").close()
+    # Held for `hold` s from the waiter's first attempt, not from now: on a busy machine the waiter's
+    # interpreter may take longer than that to start, and would find the lock already released.
+    deadline = time.monotonic() + 120
+    while not os.path.exists(trying) and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(hold)
     # Written before the release: a waiter that really waited took the lock after this moment.
     print(time.time(), flush=True)
@@ -414,7 +419,7 @@ LIVE_HOLDER = """
 """
 LIVE_WAITER = """
     import json, sys, time
-    which, lock_file, first_wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    which, lock_file, first_wait, trying = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     if which == "filelock":
         import filelock
         lock, Timeout = filelock.SoftFileLock(lock_file), filelock.Timeout
@@ -422,6 +427,7 @@ LIVE_WAITER = """
         import sharedfs
         lock, Timeout = sharedfs.lock(lock_file), sharedfs.LockTimeout
     out = {"first_attempt": None}
+    open(trying, "w").close()  # the holder holds on from here
     try:
         lock.acquire(timeout=first_wait)  # what a user sees while the holder works on
     except Timeout as exc:
@@ -442,14 +448,14 @@ OTHER_PID_SPACE = ('echo $(( $(cat /proc/sys/kernel/pid_max) - 100 )) > /proc/sy
 def _live_run(sim: Sim, which: str, prefix: list[str], overlay: Path) -> Outcome:
     lock_dir = sim.work / f"live-{which}"
     lock_dir.mkdir()
-    lock_file, held = lock_dir / "train.lock", lock_dir / "held"
+    lock_file, held, trying = lock_dir / "train.lock", lock_dir / "held", lock_dir / "trying"
     # The same filelock on both sides (the one cluster images pin), so sharedfs is the only difference;
     # an existence lock, as on Lustre without flock (forced: the demo's work dir is local disk).
     env = {**sim.base_env, "PYTHONPATH": str(overlay), "SHAREDFS_LOCK": "soft"}
     if which == "filelock":
         env["SHAREDFS_DISABLE"] = "1"
     holder = subprocess.Popen([*prefix, sys.executable, "-c", textwrap.dedent(LIVE_HOLDER), which, str(lock_file),
-                               str(held), str(LIVE_HOLD_SECONDS)], env=env, stdout=subprocess.PIPE,
+                               str(held), str(LIVE_HOLD_SECONDS), str(trying)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -457,7 +463,7 @@ def _live_run(sim: Sim, which: str, prefix: list[str], overlay: Path) -> Outcome
             if holder.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the holder did not take the lock: {holder.communicate()[1][-300:]}")
             time.sleep(0.02)
-        waiter = run_py(LIVE_WAITER, which, str(lock_file), str(LIVE_FIRST_WAIT), env=env, timeout=90)
+        waiter = run_py(LIVE_WAITER, which, str(lock_file), str(LIVE_FIRST_WAIT), str(trying), env=env, timeout=90)
         released = float(holder.communicate(timeout=60)[0].strip() or "inf")
     finally:
         if holder.poll() is None:

@@ -44,6 +44,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from sharedfs.testing.ports import free_ports
+
 __all__ = [
     "APT_PACKAGES",
     "SlurmCluster",
@@ -84,20 +86,6 @@ def _program(name: str) -> str:
     if found is None:
         raise SlurmUnavailable(f"{name} not found; install it with: {INSTALL_HINT}")
     return found
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free right now (bound, then released together so they differ from each other)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class SlurmCluster:
@@ -199,7 +187,7 @@ class SlurmCluster:
     # -- life cycle -----------------------------------------------------------------------
 
     def write_config(self) -> None:
-        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        ctld_port, *node_ports = free_ports(1 + len(self.nodes))
         host = socket.gethostname()
         for sub in ("state", "log", "run", "jobs", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)

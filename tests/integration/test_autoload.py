@@ -11,9 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import Venv, make_venv
+from helpers import Venv, make_venv
 
-pytestmark = pytest.mark.slow
+# xdist_group: the session's datasets_venv, which some of these tests pip-install into.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("datasets-venv")]
 
 HEAVY = ("pluggy", "importlib.metadata", "datasets", "huggingface_hub", "filelock", "packaging")
 SHOW_MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
@@ -158,7 +159,7 @@ def test_third_party_plugins_are_discovered_and_a_broken_one_is_not_fatal(
 def test_install_modes_behave_alike_and_uninstall_leaves_nothing(
     tmp_path: Path, sharedfs_wheel: Path, editable: bool
 ) -> None:
-    from conftest import ROOT
+    from helpers import ROOT
 
     env = make_venv(tmp_path / "venv")
     env.pip("install", *(["-e", str(ROOT)] if editable else [str(sharedfs_wheel)]))

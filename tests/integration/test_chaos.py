@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
-from locktools import count_overlaps
+from helpers import HELPERS, clean_env
+from helpers.locktools import count_overlaps
 
-WORKER = str(Path(__file__).parents[1] / "chaosworker.py")
+WORKER = str(HELPERS / "chaosworker.py")
 WORKERS = 6
 SECONDS = 15.0
 KILL_EVERY = 0.3
@@ -43,6 +43,8 @@ def drill(directory: Path, log: Path, kind: str, env: dict[str, str], nodes: int
         while time.monotonic() < deadline:
             time.sleep(KILL_EVERY)
             victim = rng.randrange(WORKERS)
+            if not Path(f"{log}.ready-{procs[victim].pid}").exists():
+                continue  # still starting (a busy machine): killing it would only starve the drill
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             kills.append(time.monotonic())

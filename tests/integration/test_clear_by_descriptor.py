@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env
-from shardcache_support import User, group_of_users, scratch, sharedfs_at
+from helpers import ROOT, clean_env
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
 pytestmark = pytest.mark.slow
 

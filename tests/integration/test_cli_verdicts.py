@@ -20,7 +20,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from conftest import clean_env
+from helpers import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """The field symptom of a FIFO as SHAREDFS_CONFIG: `import datasets` hung for more than 25 s.
 
 Here (real datasets, a fresh interpreter, a deadline) it fails at once with a
-ConfigError naming the variable; tests/test_config_hardening.py covers the
+ConfigError naming the variable; tests/unit/test_config_hardening.py covers the
 same with sharedfs alone.
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 import sharedfs
 

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, clean_env, make_venv
+from helpers import Venv, clean_env, make_venv
+from helpers.perrun import built_once_per_run
 from packaging.version import Version
 
 from sharedfs.testing.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
+from sharedfs.testing.ports import free_port
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.slow
@@ -110,8 +111,11 @@ def map_runs(counter: Path) -> Counter[str]:
 
 @pytest.fixture(scope="session")
 def old_stack_venv(tmp_path_factory: pytest.TempPathFactory, sharedfs_wheel: Path) -> Venv:
-    """datasets 3.6 + huggingface_hub 0.36 with sharedfs and the filelock its requirement gives."""
-    return make_venv(tmp_path_factory.mktemp("venv") / "old-stack", str(sharedfs_wheel), *OLD_STACK)
+    """datasets 3.6 + huggingface_hub 0.36 with sharedfs and the filelock its requirement gives (built once per
+    run; its tests only run in it)."""
+    path = built_once_per_run(tmp_path_factory, "old-stack-venv",
+                              lambda path: make_venv(path, str(sharedfs_wheel), *OLD_STACK))
+    return Venv(path)
 
 
 # -- datasets#6395: Lustre without -o flock ------------------------------------------------------
@@ -342,12 +346,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: Each simulated node gets its own tmpfs at the *same* path, in its own mount namespace: a
 #: real node-local /tmp (same path string on every node, different content), which plain
 #: directories on one machine cannot imitate (every "node" could open every other's files).
@@ -364,7 +362,7 @@ def _gloo_job(tmp_path: Path, env: dict[str, str], label: str) -> dict[str, Any]
         skip_or_fail("node-local disks are simulated with unshare --mount + tmpfs, which needs root")
     root = tmp_path / label / "node-local"
     root.mkdir(parents=True)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank, node in enumerate(("a", "b")):
         penv = node_env(node, clean_env({**OFFLINE, **env, "T_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2",

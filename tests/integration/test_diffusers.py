@@ -18,7 +18,7 @@ import stat
 import sys
 
 import pytest
-from shardcache_support import group_of_users, scratch
+from helpers.shardcache_support import group_of_users, scratch
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 

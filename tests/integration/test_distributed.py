@@ -8,14 +8,15 @@ the FUSE filesystem reads to decide which node a caller is on.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
+
+from sharedfs.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -49,14 +50,8 @@ RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(scenario: str, base: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(4):
         node, local = ("nodeA", rank) if rank < 2 else ("nodeB", rank - 2)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
 
 pytestmark = pytest.mark.slow
 

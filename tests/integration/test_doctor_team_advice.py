@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardcache_support import group_of_users, scratch
+from helpers.shardcache_support import group_of_users, scratch
 
 from sharedfs.commands.cli import team_check, team_lines
 from sharedfs.machinery import runtime

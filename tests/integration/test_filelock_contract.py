@@ -1,6 +1,6 @@
 """Drop-in means identical: what sharedfs hands a framework in place of its filelock class keeps filelock's contract.
 
-The same assertions (tests/contract_checks.py: non-blocking and zero-timeout acquires return at
+The same assertions (tests/helpers/contract_checks.py: non-blocking and zero-timeout acquires return at
 once, a negative timeout waits, the error is a picklable ``filelock.Timeout`` with
 ``.lock_file``, per-thread re-entrancy, ``with lock.acquire():`` releases, ``release(force=True)``,
 ``mode``, ``timeout``, constructor options) run against the stock class (``SHAREDFS_DISABLE=1``)
@@ -33,10 +33,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import HELPERS, clean_env
 from packaging.version import Version
 
-CHECKS = str(Path(__file__).parents[1] / "contract_checks.py")
+CHECKS = str(HELPERS / "contract_checks.py")
 
 
 def upstream_breaks(which: str) -> set[str]:

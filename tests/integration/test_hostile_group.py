@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import require
-from shardcache_support import User, group_of_users, scratch, sharedfs_at
+from helpers import require
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
 from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
 
@@ -47,7 +47,8 @@ require("datasets", "needs datasets (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 
-pytestmark = pytest.mark.slow
+# xdist_group: the module's throwaway users and site, made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_hostile_group")]
 
 #: sharedfs before this change: team-cache roots resolved with ``realpath`` and trusted; the shard
 #: cache's orphan cleanup removed ``<parent>/.<cache>.sharedfs`` by path.

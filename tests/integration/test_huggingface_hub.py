@@ -21,7 +21,7 @@ from typing import Iterator
 
 import filelock
 import pytest
-from conftest import clean_env, make_venv
+from helpers import clean_env, make_venv
 from packaging.version import Version
 
 pytestmark = pytest.mark.slow

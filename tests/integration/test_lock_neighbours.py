@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardcache_support import group_of_users, scratch, sharedfs_before
+from helpers.shardcache_support import group_of_users, scratch, sharedfs_before
 
 SECRET = "the victim's own data\n"
 

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
 
 from sharedfs.testing.slurm import SlurmCluster
 
-pytestmark = pytest.mark.slow
+# xdist_group: one session-wide test Slurm cluster (its 8 CPUs, epilog.d) per group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster")]
 
 HOLDER = """
 import sys, time, sharedfs

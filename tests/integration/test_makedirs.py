@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from helpers import clean_env
 
 from sharedfs.testing import scenario_makedirs
 

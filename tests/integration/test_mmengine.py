@@ -11,30 +11,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import clean_env, require
+from helpers import HELPERS, clean_env, require
 
 from sharedfs.testing.nodes import NodeResult, run_on_nodes
+from sharedfs.testing.ports import free_port
 
 for _name in ("torch", "mmengine"):
     require(_name, "needs mmengine==0.10.7 and torch (pip install -r scripts/requirements-test.txt)")
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = HELPERS  # the xt_* programs and configs
 LAUNCH = str(TESTS / "xt_launch.py")
 CONFIG = str(TESTS / "xt_toy_config.py")
 #: Long enough that the other node's first look falls inside it; every wait sharedfs does is bounded by it.
 LAG_MS = 4000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(work_dir: Path, report: Path, nodes: list[str], env: dict[str, str] | None = None,
@@ -42,7 +36,7 @@ def _train(work_dir: Path, report: Path, nodes: list[str], env: dict[str, str] |
     """Run the toy config with one rank per entry of ``nodes`` (rank i on simulated node nodes[i])."""
     report.mkdir(parents=True, exist_ok=True)
     base = clean_env({"PYTHONPATH": str(TESTS), "XT_REPORT": str(report), "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", **(env or {})})
+                      "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **(env or {})})
     return run_on_nodes([sys.executable, LAUNCH, CONFIG, str(work_dir), *extra], nodes, env=base,
                         timeout=timeout, cwd="/")
 

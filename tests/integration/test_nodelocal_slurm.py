@@ -19,13 +19,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
-from unixusers import may_run_this_python, owned_by, throwaway_users
+from helpers import clean_env
+from helpers.unixusers import may_run_this_python, owned_by, throwaway_users
 
 import sharedfs
 from sharedfs.testing.slurm import SlurmCluster
 
-pytestmark = pytest.mark.slow
+# xdist_group: one session-wide test Slurm cluster (its 8 CPUs, epilog.d) per group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster")]
 
 CHECKOUT = str(Path(sharedfs.__file__).resolve().parents[1])
 SITE = sysconfig.get_paths()["purelib"]

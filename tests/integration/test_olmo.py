@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import Venv, clean_env
+from helpers import Venv, clean_env
 
 from sharedfs.testing.frameworkvenv import install_sharedfs
 from sharedfs.testing.hostilefs import HostileMount

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 from sharedfs.model.caches import PLACED_CACHES
 from sharedfs.types import CachePlacement, CacheRequest, Policy, hookimpl

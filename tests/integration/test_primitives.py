@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
-from locktools import run_workers
+from helpers import clean_env
+from helpers.locktools import run_workers
 
 pytestmark = pytest.mark.slow
 NODES = {"nodeA": 4, "nodeB": 4}

@@ -26,7 +26,9 @@ from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_avail
 from sharedfs.testing.nodes import node_env
 from sharedfs.testing.skips import skip_or_fail
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only")]
+# xdist_group: the module's counting FUSE mount, mounted once.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only"),
+              pytest.mark.xdist_group("test_scale")]
 
 #: SHAREDFS_POLL_INTERVAL, and the baselines' polling interval: equal pace per process.
 POLL = 0.5

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
-from shardcache_support import sharedfs_before
+from helpers import clean_env, require
+from helpers.shardcache_support import sharedfs_before
 
 from sharedfs.shardcache import GARBLED_GRACE, key
 from sharedfs.testing.pytest_plugin import skip_or_fail

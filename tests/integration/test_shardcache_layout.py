@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
-from shardcache_support import User, group_of_users, scratch, sharedfs_before
+from helpers import clean_env, require
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 from sharedfs.testing.shardserver import ShardServer, make_shards
@@ -30,7 +30,8 @@ require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")
 
-pytestmark = pytest.mark.slow
+# xdist_group: the module's throwaway users, made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_shardcache_layout")]
 
 # Upstream's own tests, verbatim but for imports and comments: webdataset tests/test_cache.py::test_lru_cleanup,
 # and wids tests/test_wids_cleanup.py::test_keep_most_recent_files (github.com/webdataset/webdataset, where

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
-from shardcache_support import User, group_of_users, scratch, sharedfs_before
+from helpers import require
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
 from sharedfs.shardcache import key
 from sharedfs.testing.shardserver import make_shards, wait_until
@@ -35,7 +35,8 @@ from sharedfs.testing.skips import skip_or_fail
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")
 
-pytestmark = pytest.mark.slow
+# xdist_group: the module's throwaway users, made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_shardcache_neighbours")]
 SECRET = b"the victim's private key\n"
 
 # The victim's job: open one shard through wids' download_and_open.  Her download handler (wids

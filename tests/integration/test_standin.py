@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import filelock
-from conftest import clean_env
+from helpers import clean_env
 
 
 def run(code: str, tmp_path: Path, **env: str) -> dict:

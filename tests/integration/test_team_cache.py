@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import require
-from shardcache_support import User, group_of_users, scratch
+from helpers import require
+from helpers.shardcache_support import User, group_of_users, scratch
 from test_huggingface_hub import FakeHub
 
 from sharedfs.testing.shardserver import ShardServer, make_shards
@@ -50,7 +50,8 @@ require("datasets", "needs datasets (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 
-pytestmark = pytest.mark.slow
+# xdist_group: the module's throwaway users and the plans run once under them.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_team_cache")]
 
 # One member's job: each step in order, its outcome recorded (a failing step does not hide the next
 # one); the outcomes as JSON on the last line.  Steps: datasets:<X|Y>[*k[/n]] loads a JSON dataset (and

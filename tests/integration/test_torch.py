@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 from sharedfs.testing.nodes import node_env, run_on_nodes
 from sharedfs.testing.pytest_plugin import skip_or_fail

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 from sharedfs.testing.scenario_torch import (

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import require
+from helpers import require
 
 from sharedfs.testing import node_env
 

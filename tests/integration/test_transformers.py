@@ -30,8 +30,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import require
-from shardcache_support import group_of_users, scratch
+from helpers import require
+from helpers.shardcache_support import group_of_users, scratch
 
 from sharedfs.testing import node_env, remotecode  # remotecode is also each rank's program
 

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 from sharedfs.testing import scenario_triton
 from sharedfs.testing.nodes import NodeProcess

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from shardcache_support import User, group_of_users, scratch, sharedfs_at
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
 from sharedfs.testing.pytest_plugin import skip_or_fail
 

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, require
+from helpers import clean_env, require
 
 from sharedfs.testing.nodes import assert_all_ok, run_on_nodes
 from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until

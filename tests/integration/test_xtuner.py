@@ -11,7 +11,7 @@ its own identical copy and the job trains.
 
 The XTuner stack (torch 2.14.1 + torchvision, ~5.5 GB) lives in its own venv,
 built once and reused across sessions (``SHAREDFS_TEST_VENV_CACHE``, default
-``/var/tmp/sharedfs-test-venvs``; pinned in ``tests/xt_requirements.txt``).
+``/var/tmp/sharedfs-test-venvs``; pinned in ``tests/helpers/xt_requirements.txt``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv, clean_env
+from helpers import HELPERS, ROOT, Venv, clean_env
 
 from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
+from sharedfs.testing.ports import free_port
 from sharedfs.testing.pytest_plugin import skip_or_fail
 
-TESTS = Path(__file__).resolve().parents[1]
+# xdist_group: the XTuner venv and the tiny model, made once per worker.
+pytestmark = pytest.mark.xdist_group("xtuner-venv")
+TESTS = HELPERS  # the xt_* programs, configs and pins
 REQUIREMENTS = TESTS / "xt_requirements.txt"
 #: Each simulated node gets its own tmpfs at the same path, in its own mount namespace.
 PRIVATE_TMPFS = 'mount -t tmpfs -o mode=1777 sharedfs-node-local "$0" && exec "$@"'
@@ -65,12 +67,6 @@ def tiny_llama(xtuner_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _render_config(tiny: Path, out: Path) -> Path:
     text = (TESTS / "xt_xtuner_config.py").read_text()
     out.write_text(text.replace("@MODEL_DIR@", str(tiny / "model")).replace("@DATA@", str(tiny / "alpaca.jsonl")))
@@ -86,7 +82,7 @@ def _two_node_job(venv: Venv, tiny: Path, base: Path, env: dict[str, str], *, ti
     for d in (local, base / "report", base / "hf_home"):
         d.mkdir(parents=True)
     config = _render_config(tiny, base / "config.py")
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank, node in enumerate(("a", "b")):
         penv = clean_env({**OFFLINE, "PYTHONPATH": str(TESTS), "XT_REPORT": str(base / "report"),
@@ -176,7 +172,7 @@ def test_xtuner_dataset_timeout_names_the_slow_rank_and_where(xtuner_venv: Venv,
     Without sharedfs the same wait ends, after at least a minute (XTuner reads whole minutes only),
     in torch's "received errors while waiting for send/recv from rank 0" and nothing about datasets.
     """
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = clean_env({**OFFLINE, "SHAREDFS_NODE_ID": "a", "SHAREDFS_CACHE": "shared", "RANK": str(rank),
@@ -204,7 +200,7 @@ def test_xtuner_dataset_timeout_names_the_slow_rank_and_where(xtuner_venv: Venv,
 
 def test_catalogue_config_with_sharedfs_hook_loads_in_xtuner(xtuner_venv: Venv, tmp_path: Path) -> None:
     """configs/xtuner/llama2_7b_qlora_alpaca_e3_sharedfs.py: parsed by XTuner's stack, hook built from it."""
-    config = TESTS.parent / "configs" / "xtuner" / "llama2_7b_qlora_alpaca_e3_sharedfs.py"
+    config = ROOT / "configs" / "xtuner" / "llama2_7b_qlora_alpaca_e3_sharedfs.py"
     code = (
         "import sys, sharedfs.machinery.runtime as rt\n"
         "from mmengine.config import Config\n"

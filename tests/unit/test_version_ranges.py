@@ -1,0 +1,42 @@
+"""One version range per framework: the shim's, which the demo's install hint and the demo extra repeat.
+
+The shim's ``supported`` is the source (``sharedfs status`` shows it and the version gate applies
+it); the demo's install hint (sharedfs.testing.scenarios.DISTRIBUTIONS) and pyproject.toml's
+``demo`` extra must say the same.  Before, wids read ``>=0.2,<0.3`` in ``status`` on a machine
+without wids (webdataset 0.2's range), ``wids>=0.1,<0.2`` in the demo's hint.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharedfs.startup import activation
+from sharedfs.testing.scenarios import DISTRIBUTIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _demo_extra() -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - the bare 3.9 venv
+        import tomli as tomllib
+    return list(tomllib.loads(text)["project"]["optional-dependencies"]["demo"])
+
+
+@pytest.mark.parametrize("name", ["datasets", "webdataset", "wids"])
+def test_the_demo_hint_and_extra_repeat_the_shims_range(name: str) -> None:
+    shim = activation.shim_states()[name].shim
+    if name == "wids":  # its own distribution's range, whatever provides `wids` here
+        from sharedfs.shims.wids import SUPPORTED
+
+        supported = SUPPORTED["wids"]
+    else:
+        assert shim.distribution == name
+        supported = shim.supported
+    assert DISTRIBUTIONS[name] == f"{name}{supported}"
+    assert f"{name}{supported}" in _demo_extra()
