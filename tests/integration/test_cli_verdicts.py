@@ -131,7 +131,8 @@ def test_an_unknown_name_in_shared_disable_is_refused_and_switches_nothing_off(t
     assert status.returncode == 2
     error = json.loads(status.stdout)["config_error"]
     assert "SHAREDFS_DISABLE='dataset,wids' is not valid" in error and "unknown: dataset (did you mean datasets?)" in error
-    assert "datasets, distributed" in error  # the known names are listed
+    listed = error.split("these names: ", 1)[1].split(" (unknown", 1)[0]
+    assert {"datasets", "distributed", "wids", "triton", "transformers"} <= set(listed.split(", ")), listed
     # A program: its import neither fails nor loses the shim the typo missed; the names it knows count.
     code = ("import datasets\nfrom sharedfs.startup import activation\n"
             "states = activation.shim_states()\n"
