@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -167,10 +168,12 @@ def test_guard_matches_the_standard_library_for_every_argument_combination(tmp_p
     _check(results, denied=os.geteuid() != 0)
 
 
-def test_guard_matches_the_standard_library_where_permission_is_denied(tmp_path: Path) -> None:
+def test_guard_matches_the_standard_library_where_permission_is_denied() -> None:
     with unixusers.throwaway_users(1) as (user,):
-        work = tmp_path / "user"
-        work.mkdir()
+        # In /tmp, not under tmp_path: the user would need an ACL on pytest's private /tmp/pytest-of-root, which
+        # every pytest session that starts meanwhile chmods back to 0700, clearing the ACL's mask (a PermissionError
+        # half-way when another session started).
+        work = Path(tempfile.mkdtemp(prefix="sharedfs-semantics-"))
         os.chown(work, user.uid, user.gid)
         try:
             with unixusers.may_run_this_python(user, CHECKOUT, SITE, str(work)):
