@@ -20,6 +20,28 @@ pytest_plugins = ["sharedfs.testing.pytest_plugin"]
 collect_ignore = ["upstream"]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test's xdist_group into its node id, as pytest-xdist 3.8 means to under --dist loadgroup.
+
+    xdist appends ``@<group>`` to ``item._nodeid`` in each worker, and its scheduler keeps the tests
+    of a group on one worker by that suffix; pytest 9.2 keeps the id in ``item._id`` and ignores
+    ``_nodeid``, so every xdist_group was silently spread over all workers.  Only where xdist
+    did not (an older pytest already has the suffix).
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # a pytest before 9.2: xdist's own suffix works there
+        return
+    for item in items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
 @pytest.fixture(autouse=True)
 def _sharedfs_records_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once sharedfs activates in a process it gives its logger a stderr handler and stops propagation
