@@ -69,6 +69,8 @@ TARGETS = {
 STAND_INS = {
     "huggingface_hub.utils._fixes": ("huggingface_hub", "FileLock"),
     "huggingface_hub.utils._shared_blobs": ("huggingface_hub", "FileLock"),  # hub 2.x xet blob store
+    # `import torch` imports torch.hub: a stand-in function, so that it loads nothing of sharedfs.
+    "torch.hub": ("torch_hub", "load_state_dict_from_url"),
 }
 
 #: The module names watched while installed (the table's, plus third-party shims' targets).

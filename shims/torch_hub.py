@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.locks import lock
+from sharedfs.machinery.standin import unwrap
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 
@@ -65,7 +66,9 @@ def downloading_once(original: Callable[..., Any], policy: Policy) -> Callable[.
 
 class TorchHubShim(Shim):
     name = "torch_hub"
-    target = "torch.hub"  # imported by `import torch`
+    # Imported by `import torch`: the bootstrap puts a stand-in for load_state_dict_from_url there (STAND_INS), so
+    # `import torch` loads nothing of sharedfs; its first call activates this shim.
+    target = "torch.hub"
     distribution = "torch"
     # load_state_dict_from_url checks os.path.exists and calls the module's download_url_to_file(url, dst,
     # hash_prefix, progress) in every release from 2.1; read in 2.13.0, tested with 2.13.0.
@@ -73,7 +76,8 @@ class TorchHubShim(Shim):
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         self.patcher.setattr(module, "download_url_to_file", downloading_once(module.download_url_to_file, policy))
-        self.patcher.setattr(module, "load_state_dict_from_url", loading(module.load_state_dict_from_url))
+        # The bootstrap's stand-in may still stand there (its first call is activating us): wrap the original.
+        self.patcher.setattr(module, "load_state_dict_from_url", loading(unwrap(module.load_state_dict_from_url)))
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Stand-ins: a framework's lock class replaced at import by a class that activates sharedfs on first use.
+"""Stand-ins: a framework's lock class (or function) replaced at import by one that activates sharedfs on first use.
 
 A shim whose only job at import is to replace the lock class a framework builds
 its locks from (the hub's ``huggingface_hub.utils._fixes.FileLock``) does not need
@@ -25,8 +25,9 @@ standard library is imported here: this module loads at the framework's import.
 
 from __future__ import annotations
 
+import functools
 import threading
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any, Callable
 
 _lock = threading.RLock()  # the tables below; held briefly, never while calling out
@@ -38,13 +39,13 @@ HOME = "_sharedfs_stands_in_for"
 class _Entry:
     __slots__ = ("module", "attr", "shim", "standin", "activate")
 
-    def __init__(self, module: ModuleType, attr: str, shim: str, standin: type,
+    def __init__(self, module: ModuleType, attr: str, shim: str, standin: Any,
                  activate: Callable[[], object]) -> None:
         self.module, self.attr, self.shim, self.standin, self.activate = module, attr, shim, standin, activate
 
     @property
-    def original(self) -> type:
-        return unwrap(self.standin)  # type: ignore[no-any-return]
+    def original(self) -> Any:
+        return unwrap(self.standin)
 
 
 #: (module name, attribute) -> the stand-in in place there now.
@@ -60,21 +61,38 @@ def install(module: ModuleType, attr: str, shim: str, activate: Callable[[], obj
     then finds out for itself when it is activated).
     """
     original = getattr(module, attr, None)
-    if not isinstance(original, type):
+    if not isinstance(original, (type, FunctionType)):
         return False
     with _lock:
         key = (module.__name__, attr)
         if key in _pending:
             return True
-        standin = _meta(type(original))(original.__name__, (original,), {
-            "__module__": __name__,
-            "__qualname__": original.__qualname__,
-            "__doc__": original.__doc__,
-            HOME: (module, attr),
-        })
+        if isinstance(original, type):
+            standin: Any = _meta(type(original))(original.__name__, (original,), {
+                "__module__": __name__,
+                "__qualname__": original.__qualname__,
+                "__doc__": original.__doc__,
+                HOME: (module, attr),
+            })
+        else:
+            standin = _function(original, module, attr)
         _pending[key] = _Entry(module, attr, shim, standin, activate)
         setattr(module, attr, standin)
     return True
+
+
+def _function(original: FunctionType, module: ModuleType, attr: str) -> Any:
+    """A stand-in for a function (``torch.hub.load_state_dict_from_url``): its first call activates, then calls
+    what the module holds now (the shim's wrapper, or the original put back)."""
+
+    @functools.wraps(original)  # __wrapped__: unwrap() gives the shim the original to wrap, never this
+    def standin(*args: Any, **kwargs: Any) -> Any:
+        _resolve(standin)
+        current = getattr(module, attr, original)
+        return (original if current is standin else current)(*args, **kwargs)
+
+    setattr(standin, HOME, (module, attr))
+    return standin
 
 
 def unwrap(cls: Any) -> Any:
@@ -87,6 +105,8 @@ def unwrap(cls: Any) -> Any:
     """
     if isinstance(cls, type) and HOME in cls.__dict__:
         return cls.__bases__[0]
+    if isinstance(cls, FunctionType) and HOME in cls.__dict__:
+        return cls.__wrapped__  # type: ignore[attr-defined]
     return cls
 
 
@@ -133,7 +153,7 @@ def waiting() -> set[str]:
         return {entry.shim for entry in _pending.values()}
 
 
-def _resolve(standin: type) -> None:
+def _resolve(standin: Any) -> None:
     # One activation at a time, and never under _lock: the activation takes the kernel's own lock
     # and then _lock (activation.apply), as an eager activation in another thread does.
     with _activating:
