@@ -67,7 +67,9 @@ def hook_exec_module(loader: Any, fullname: str) -> None:
 def activate(module_name: str) -> None:
     """Apply the shims for ``module_name`` (just imported), or put a stand-in in place (see ``STAND_INS``)."""
     stand_in = _bootstrap.STAND_INS.get(module_name)
-    if stand_in is not None and not _resolving and _stand_in(module_name, *stand_in):
+    # Not while a third-party plugin is installed (as for FOLLOWERS and PENDING): its shims may target the same
+    # module (a site's own torch.hub shim), and only loading sharedfs tells.
+    if stand_in is not None and not _resolving and not _plugins_installed() and _stand_in(module_name, *stand_in):
         return
     names = {name for name, target in _bootstrap.TARGETS.items() if target == module_name}
     if names and names <= FOLLOWERS and "sharedfs.startup.activation" not in sys.modules and not _plugins_installed():
