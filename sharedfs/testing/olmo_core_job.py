@@ -8,7 +8,7 @@ venv (:func:`olmo_core_venv`), each on its simulated node (``SHAREDFS_NODE_ID``,
 its own node-local root: :mod:`sharedfs.testing.nodes`), joined by
 ``torch.distributed`` over gloo on the loopback.  The demo's scenario and
 tests/integration/test_olmo_core.py both use it; tests/integration/test_olmo.py runs
-OLMo's (ai2-olmo) checkpointer the same way (:data:`OLMO_RANK_PROGRAM`, :func:`olmo_venv`).
+OLMo's (ai2-olmo) checkpointer the same way (its own rank program and venv, ``run_job(program=...)``).
 """
 
 from __future__ import annotations
@@ -23,20 +23,11 @@ from sharedfs.testing.frameworkvenv import cached_venv
 from sharedfs.testing.nodes import node_env
 from sharedfs.testing.ports import free_port
 
-__all__ = ["OLMO_RANK_PROGRAM", "OLMO_REQUIREMENTS", "RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv",
-           "olmo_venv", "run_job", "start_job", "summary"]
+__all__ = ["RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv", "run_job", "start_job", "summary"]
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "olmo_core_requirements.txt"
 RANK_PROGRAM = HERE / "olmo_core_rank.py"
-#: The same job for OLMo (ai2-olmo): its checkpointer's temporary-directory dance (tests/integration/test_olmo.py).
-OLMO_REQUIREMENTS = HERE / "olmo_requirements.txt"
-OLMO_RANK_PROGRAM = HERE / "olmo_rank.py"
-
-
-def olmo_venv(note: Callable[[str], None] = lambda line: None) -> Path:
-    """The pinned OLMo (ai2-olmo 0.6.0) stack's venv: its own, as it pins ai2-olmo-core 0.1.0 and numpy<2."""
-    return cached_venv("olmo", OLMO_REQUIREMENTS, note=note)
 
 
 def olmo_core_venv(note: Callable[[str], None] = lambda line: None) -> Path:

@@ -1,8 +1,8 @@
 """The demo's team ``HF_MODULES_CACHE``: two real users of a lab's ``HF_HOME`` load remote-code models.
 
 A lab makes one ``HF_HOME`` for everyone: root's, the lab's group, ``chmod 2775``.  Two
-throwaway users of a throwaway group (created here with ``useradd``/``groupadd``, removed
-afterwards; root only) run ``AutoConfig.from_pretrained(repo, trust_remote_code=True)``
+throwaway users of a throwaway group (:mod:`sharedfs.testing.accounts`: ``useradd``/``groupadd``,
+removed afterwards; root only) run ``AutoConfig.from_pretrained(repo, trust_remote_code=True)``
 under umask 022 from an offline hub cache (:mod:`sharedfs.testing.remotecode`): alice loads
 ``acc/a``, then bob loads ``acc/b``.  Without sharedfs bob fails with ``PermissionError:
 [Errno 13]`` on ``transformers_modules/acc/b`` (alice's ``acc/`` is 2755); with sharedfs
@@ -12,20 +12,19 @@ difference between the two runs.
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
-import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+
+from sharedfs.testing.accounts import group_of_users
 
 __all__ = ["LOAD", "Member", "members", "run"]
 
@@ -38,10 +37,6 @@ LOAD = textwrap.dedent("""
     except Exception as exc:
         print(json.dumps(f"{type(exc).__name__}: {exc}"))
 """)
-
-
-class Unavailable(Exception):
-    """This machine cannot make throwaway users (not root, or no useradd); the message says what is missing."""
 
 
 @dataclass(frozen=True)
@@ -66,60 +61,18 @@ class Member:
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def _untraversable(paths: list[str]) -> list[str]:
-    """Directories above ``paths`` that others may not enter (pyenv under root's 0700 home), outermost first."""
-    found: list[str] = []
-    for path in paths:
-        head, chain = os.path.dirname(os.path.realpath(path)), []
-        while head not in ("/", ""):
-            chain.append(head)
-            head = os.path.dirname(head)
-        for directory in reversed(chain):
-            if not os.stat(directory).st_mode & 0o001 and directory not in found:
-                found.append(directory)
-    return found
-
-
 def members(stack: ExitStack, count: int = 2) -> tuple[Path, list[Member]]:
-    """A scratch directory every user can reach and ``count`` new users in a new group; all removed at exit."""
-    if os.geteuid() != 0:
-        raise Unavailable("needs root to create two throwaway users (useradd)")
-    for tool in ("useradd", "userdel", "groupadd", "groupdel", "setfacl"):
-        if shutil.which(tool) is None:
-            raise Unavailable(f"needs {tool}: apt-get install passwd acl")
+    """A scratch directory every user can reach and ``count`` new users in a new group; all removed at exit.
+
+    The users and the group are :func:`sharedfs.testing.accounts.group_of_users`' (the tests' too);
+    it raises :class:`~sharedfs.testing.accounts.UsersUnavailable` where this machine cannot make them.
+    """
     parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
     scratch = Path(tempfile.mkdtemp(prefix="sharedfs-demo-team-", dir=parent))
     scratch.chmod(0o755)
     stack.callback(shutil.rmtree, scratch, ignore_errors=True)
-    group = f"sfdemo{uuid.uuid4().hex[:8]}"
-    subprocess.run(["groupadd", group], check=True, capture_output=True)
-    stack.callback(subprocess.run, ["groupdel", group], check=False, capture_output=True)
-    team = grp.getgrnam(group).gr_gid
-    made: list[Member] = []
-
-    def remove_users() -> None:
-        for member in made:
-            subprocess.run(["pkill", "-KILL", "-u", str(member.uid)], check=False, capture_output=True)
-            subprocess.run(["userdel", member.name], check=False, capture_output=True)
-            subprocess.run(["groupdel", member.name], check=False, capture_output=True)  # if userdel left it
-
-    stack.callback(remove_users)
-    for _ in range(count):
-        name = f"sfd{uuid.uuid4().hex[:9]}"
-        subprocess.run(["useradd", "--no-create-home", "--user-group", "--groups", group,
-                        "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
-        entry = pwd.getpwnam(name)
-        home = scratch / f"home-{name}"
-        home.mkdir(mode=0o700)
-        os.chown(home, entry.pw_uid, entry.pw_gid)
-        made.append(Member(name, entry.pw_uid, entry.pw_gid, team, home))
-    # This interpreter may live under root's private home (pyenv): let the group enter, nothing more.
-    import sharedfs
-
-    for directory in _untraversable([sys.executable, os.path.realpath(sys.executable), sharedfs.__file__]):
-        subprocess.run(["setfacl", "-m", f"g:{group}:x", directory], check=True, capture_output=True)
-        stack.callback(subprocess.run, ["setfacl", "-x", f"g:{group}", directory], check=False, capture_output=True)
-    return scratch, made
+    made = stack.enter_context(group_of_users(count, scratch, prefix="sfd"))
+    return scratch, [Member(m.name, m.uid, m.gid, m.group, m.home) for m in made]
 
 
 def run(scratch: Path, alice: Member, bob: Member, label: str, env: dict[str, str]) -> list[str]:

@@ -760,10 +760,11 @@ def torch_extension_two_nodes(sim: Sim) -> tuple[Outcome, Outcome]:
 def team_modules(sim: Sim) -> tuple[Outcome, Outcome]:
     """Two real users of a lab's 2775 ``HF_HOME`` load remote-code models: without sharedfs, then with it."""
     from sharedfs.testing import scenario_team_modules as team
+    from sharedfs.testing.accounts import UsersUnavailable
 
     try:
         scratch, (alice, bob) = team.members(sim.stack)
-    except team.Unavailable as exc:
+    except UsersUnavailable as exc:
         raise ScenarioSkipped(str(exc)) from None
     outcomes = []
     for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):

@@ -1,4 +1,4 @@
-"""A real Slurm cluster on one machine, with several fake nodes, for tests.
+"""A real Slurm cluster on one machine, with several fake nodes, for tests and benchmarks.
 
 :func:`start` configures Debian's Slurm 22.05 (``slurmctld``, ``slurmd``,
 ``slurm-client``) and ``munge`` in a fresh directory and starts one
@@ -20,7 +20,8 @@ node names do not resolve, so addresses come from ``NodeAddr``.
 
 :meth:`SlurmCluster.stop` ends only the daemons this module started, found
 by their pid files and checked against their command line (a pid can be
-reused).  From a shell::
+reused).  Tests get one per session from the ``slurm_cluster`` fixture
+(:mod:`sharedfs.testing.pytest.plugin`).  From a shell::
 
     python -m sharedfs.testing.slurm start DIR [--nodes 2]   # prints `export SLURM_CONF=...`
     python -m sharedfs.testing.slurm stop DIR
@@ -399,45 +400,6 @@ def start(root: Path | None = None, *, nodes: int = 2, cpus: int = 4, epilog: st
     cluster = SlurmCluster(Path(root), [f"n{i}" for i in range(1, nodes + 1)], cpus, epilog)
     cluster.start(timeout=timeout)
     return cluster
-
-
-# -- pytest ---------------------------------------------------------------------------------
-
-try:
-    import pytest
-except ImportError:  # pragma: no cover - the module also works as a script without pytest
-    pytest = None  # type: ignore[assignment]
-
-if pytest is not None:
-
-    @pytest.fixture(scope="session")
-    def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-        """A 2-node test Slurm cluster (``n1``, ``n2``, 4 CPUs each) for the whole session.
-
-        Its epilog runs ``<root>/epilog.d/*`` (tests drop scripts there).  Skips
-        with the reason when Slurm cannot run here -- fails instead under ``CI``.
-        """
-        from sharedfs.testing.skips import skip_or_fail
-
-        ok, reason = slurm_available()
-        if not ok:
-            skip_or_fail(f"no test Slurm cluster: {reason}")
-        # Short root: munge's socket path must fit in a sockaddr_un (108 bytes).
-        root = Path(tempfile.mkdtemp(prefix="sfslurm-"))
-        epilog = root / "epilog.sh"
-        (root / "epilog.d").mkdir()
-        epilog.write_text("#!/bin/sh\n# run every test-provided epilog hook; never fail the node\n"
-                          f'for hook in "{root}/epilog.d/"*; do [ -x "$hook" ] && "$hook"; done\nexit 0\n')
-        epilog.chmod(0o755)
-        try:
-            cluster = start(root, nodes=2, cpus=4, epilog=str(epilog))
-        except SlurmUnavailable as exc:
-            skip_or_fail(str(exc))
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

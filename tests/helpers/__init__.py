@@ -8,7 +8,7 @@ Tests import from here, never from ``conftest``::
 Naming: a module a test imports is named for what it provides (``env``, ``venvs``,
 ``unixusers``, ``locktools``, ``contract_checks``, ``shardcache_support``); a program a test
 runs in a child process by its path ends in ``worker`` (``lockworker.py``, ``mxworker.py``,
-``chaosworker.py``) or, for the XTuner stack's programs, configs and pins, starts with ``xt_``.
+``chaosworker.py``, ``olmoworker.py`` with its pins ``olmo_requirements.txt``) or, for the XTuner stack's programs, configs and pins, starts with ``xt_``.
 :data:`HELPERS` is this folder, for those paths.
 """
 

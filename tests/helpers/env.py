@@ -28,7 +28,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def require(module: str, reason: str) -> None:
     """Import ``module`` for a test file, or skip the file with ``reason`` (a failure under CI)."""
-    from sharedfs.testing.pytest_plugin import skip_or_fail
+    from sharedfs.testing.pytest.skips import skip_or_fail
 
     try:
         importlib.import_module(module)

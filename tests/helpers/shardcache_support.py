@@ -2,7 +2,8 @@
 
 * :func:`group_of_users` makes a Unix group and users in it (``groupadd``/``useradd``), lets
   them run this checkout's interpreter (an ACL for the group on directories they could not
-  traverse, e.g. pyenv under root's 0700 home), and removes all of it afterwards.
+  traverse, e.g. pyenv under root's 0700 home), and removes all of it afterwards
+  (:mod:`sharedfs.testing.accounts`, which the demo uses too).
 * :func:`scratch` is a directory every user can reach (pytest's ``tmp_path`` is under a 0700
   directory of root's), removed afterwards.
 * :func:`sharedfs_before` extracts sharedfs from :data:`BEFORE` -- the last commit before the
@@ -14,23 +15,20 @@
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.env import ROOT, clean_env
-from helpers.unixusers import admin, end_processes_of
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing import accounts
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 #: sharedfs before this change: coordination files in ``<cache>/.sharedfs``, a lock file per
 #: shard, claims rewritten in place through their path, markers with no age limit.
@@ -92,71 +90,18 @@ def scratch(prefix: str = "sharedfs-test-") -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        skip_or_fail("throwaway users need root (CI runs as root)")
-    for tool in ("useradd", "userdel", "groupadd", "groupdel", "setfacl"):
-        if shutil.which(tool) is None:
-            skip_or_fail(f"{tool} not found (apt-get install passwd acl)")
-
-
-def _untraversable(paths: Sequence[str]) -> list[str]:
-    """Directories above ``paths`` that others may not traverse (o-x), outermost first."""
-    found: list[str] = []
-    for path in paths:
-        head = os.path.dirname(os.path.realpath(path))
-        chain = []
-        while head not in ("/", ""):
-            chain.append(head)
-            head = os.path.dirname(head)
-        for directory in reversed(chain):
-            if not os.stat(directory).st_mode & 0o001 and directory not in found:
-                found.append(directory)
-    return found
-
-
 @contextmanager
 def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
     """A new group and ``count`` new users in it (homes under ``home_root``, mode 0700); removed afterwards.
 
-    Whatever happens in between: the users' processes are killed by process group, then the
-    ACLs, the users and the group are removed, and what could not be removed fails the test.
+    :func:`sharedfs.testing.accounts.group_of_users` (the demo's too), skipped where it cannot run
+    (failed under CI); what could not be removed afterwards fails the test.
     """
-    _require_root()
-    group = f"sfg{uuid.uuid4().hex[:9]}"
-    admin(["groupadd", group])
-    users: list[User] = []
-    granted: list[str] = []
     try:
-        gid = grp.getgrnam(group).gr_gid
-        for _ in range(count):
-            name = f"sfu{uuid.uuid4().hex[:9]}"
-            admin(["useradd", "--no-create-home", "--user-group", "--groups", group, "--shell", "/usr/sbin/nologin",
-                   name])
-            entry = pwd.getpwnam(name)
-            home = home_root / f"home-{name}"
-            home.mkdir(mode=0o700)
-            os.chown(home, entry.pw_uid, entry.pw_gid)
-            users.append(User(name, entry.pw_uid, entry.pw_gid, gid, home))
-        # The interpreter may live under root's private home (pyenv): let the group traverse, nothing more.
-        for directory in _untraversable([sys.executable, os.path.realpath(sys.executable), str(ROOT / "sharedfs")]):
-            admin(["setfacl", "-m", f"g:{group}:x", directory])
-            granted.append(directory)
-        yield users
-    finally:
-        leftovers = []
-        for directory in granted:
-            admin(["setfacl", "-x", f"g:{group}", directory], check=False)
-        for user in users:
-            end_processes_of(user.uid)  # userdel refuses a user who still runs something
-            done = admin(["userdel", user.name], check=False)
-            if done.returncode != 0:
-                leftovers.append(f"user {user.name}: {done.stderr.strip()}")
-            admin(["groupdel", user.name], check=False)  # if userdel left it
-        done = admin(["groupdel", group], check=False)
-        if done.returncode != 0:
-            leftovers.append(f"group {group}: {done.stderr.strip()}")
-        assert not leftovers, f"throwaway users or groups could not be removed: {leftovers}"
+        with accounts.group_of_users(count, home_root) as members:
+            yield [User(m.name, m.uid, m.gid, m.group, m.home) for m in members]
+    except accounts.UsersUnavailable as exc:
+        skip_or_fail(str(exc))
 
 
 def sharedfs_before(dest: Path) -> dict[str, str]:

@@ -1,43 +1,25 @@
-"""Real, throwaway Unix users for tests whose subject is permissions (created with useradd, removed after)."""
+"""Real, throwaway Unix users for tests whose subject is permissions (created with useradd, removed after).
+
+The account edits themselves (:func:`admin` under the machine-wide lock, :func:`end_processes_of`) are
+:mod:`sharedfs.testing.accounts`', shared with the demo; this module adds what tests need around them.
+"""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.accounts import admin, end_processes_of
+from sharedfs.testing.pytest.skips import skip_or_fail
 
-#: One lock for every test's edits of this machine's accounts and of shared directories' ACLs: useradd,
-#: groupadd, userdel and groupdel give up ("cannot lock /etc/passwd; try again later") while another
-#: holds the account files, and setfacl rewrites a directory's whole ACL (read, change, write), so two
-#: tests running at once (pytest-xdist workers) could fail or lose each other's entry.
-ACCOUNTS_LOCK = "/tmp/.sharedfs-tests-accounts.lock"
-
-
-@contextmanager
-def accounts_lock() -> Iterator[None]:
-    """Hold the machine-wide :data:`ACCOUNTS_LOCK` (a flock; O_NOFOLLOW: /tmp is everyone's)."""
-    fd = os.open(ACCOUNTS_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def admin(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run an account or ACL command (useradd, userdel, groupadd, groupdel, setfacl) under :func:`accounts_lock`."""
-    with accounts_lock():
-        return subprocess.run(list(argv), check=check, capture_output=True, text=True)
+__all__ = ["User", "admin", "end_processes_of", "may_run_this_python", "owned_by", "throwaway_users", "user_python"]
 
 
 @dataclass(frozen=True)
@@ -123,44 +105,6 @@ def throwaway_users(count: int) -> Iterator[list[User]]:
             if done.returncode != 0:
                 leftovers.append(f"{user.name}: {done.stderr.strip()}")
         assert not leftovers, f"throwaway users could not be removed: {leftovers}"
-
-
-def end_processes_of(uid: int, wait: float = 5.0) -> list[int]:
-    """SIGKILL every process of ``uid``, by process group (what it started goes too); the pids found.
-
-    A process in the test runner's own process group is killed alone: its group is ours.
-    """
-    found = processes_of(uid)
-    own = os.getpgrp()
-    for pid in found:
-        try:
-            group = os.getpgid(pid)
-        except ProcessLookupError:
-            continue
-        with suppress(ProcessLookupError, PermissionError):
-            if group != own and group > 1:
-                os.killpg(group, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while processes_of(uid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return found
-
-
-def processes_of(uid: int) -> list[int]:
-    """Pids of the processes whose real uid is ``uid`` (from /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as fh:
-                    uids = next(line for line in fh if line.startswith("Uid:")).split()[1:]
-            except (OSError, StopIteration):
-                continue
-            if int(uids[0]) == uid or int(uids[1]) == uid:
-                pids.append(int(entry))
-    return pids
 
 
 @contextmanager

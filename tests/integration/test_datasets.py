@@ -29,7 +29,7 @@ from packaging.version import Version
 
 from sharedfs.testing.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
 from sharedfs.testing.ports import free_port
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import sys
 import pytest
 from helpers.shardcache_support import group_of_users, scratch
 
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 # Looked up, not imported: importing diffusers imports torch here, whose cache placement the members'
 # processes would then inherit through this process's environment.

@@ -37,7 +37,7 @@ def _require_docs_toolchain() -> None:
             pytest.skip(reason)
         # The [test] extra brings mfusepy and the docs toolchain together: one without the other
         # is a broken setup, which CI must not pass over.
-        from sharedfs.testing.pytest_plugin import skip_or_fail
+        from sharedfs.testing.pytest.skips import skip_or_fail
 
         skip_or_fail(reason)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from sharedfs.testing.skips import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

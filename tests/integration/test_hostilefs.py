@@ -29,7 +29,7 @@ from sharedfs.testing import (
 )
 
 # Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest_plugin import fault_preload, hostile_mount  # noqa: F401
+from sharedfs.testing.pytest.plugin import fault_preload, hostile_mount  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE/LD_PRELOAD tooling is Linux-only")
 
@@ -107,7 +107,7 @@ def test_unmount_with_a_caller_stuck_in_a_lock_leaves_no_mount(hostile_mount, no
 def test_server_unmounts_when_the_test_process_dies(tmp_path):
     """A killed test run must not leave a stale mount behind."""
     from sharedfs.testing import fuse_available
-    from sharedfs.testing.pytest_plugin import skip_or_fail
+    from sharedfs.testing.pytest.skips import skip_or_fail
 
     ok, reason = fuse_available()
     if not ok:

@@ -8,7 +8,7 @@ that too.  Attribute and negative-lookup caches hide both from the other nodes
 for longer.  The job sets ``OLMO_SHARED_FS=1``, OLMo's own switch for a shared
 filesystem (one creator), so the fixed wait is what is tested.
 
-The ranks run OLMo's own code (:mod:`sharedfs.testing.olmo_rank`, no sharedfs call)
+The ranks run OLMo's own code (``tests/helpers/olmoworker.py``, no sharedfs call)
 in the pinned OLMo venv (ai2-olmo pins ai2-olmo-core 0.1.0 and numpy<2: a venv of
 its own, built once under ``SHAREDFS_TEST_VENV_CACHE``), joined over gloo, on a
 hostilefs ``lagging`` mount that hides a new entry from the other nodes for 14 s.
@@ -20,23 +20,27 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from helpers import Venv, clean_env
+from helpers import HELPERS, Venv, clean_env
 
-from sharedfs.testing.frameworkvenv import install_sharedfs
+from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
 from sharedfs.testing.hostilefs import HostileMount
-from sharedfs.testing.olmo_core_job import OLMO_RANK_PROGRAM, olmo_venv, run_job, summary
+from sharedfs.testing.olmo_core_job import run_job, summary
 
 pytestmark = pytest.mark.slow
 
 #: Longer than OLMo's fixed 10 s, shorter than sharedfs's default budget (SHAREDFS_WAIT_TIMEOUT, 300 s).
 LAG_MS = 14_000
 JOB_ENV = {"OMP_NUM_THREADS": "1", "OLMO_SHARED_FS": "1"}
+#: One rank: OLMo's checkpointer's temporary-directory dance, run by path in the OLMo venv.
+OLMO_RANK_PROGRAM = HELPERS / "olmoworker.py"
+#: The OLMo (ai2-olmo 0.6.0) stack: a venv of its own, as it pins ai2-olmo-core 0.1.0 and numpy<2.
+OLMO_REQUIREMENTS = HELPERS / "olmo_requirements.txt"
 
 
 @pytest.fixture(scope="session")
 def olmo_env(sharedfs_wheel: Path) -> Venv:
     """The pinned OLMo stack (built once per requirements file) with this sharedfs wheel."""
-    root = olmo_venv()
+    root = cached_venv("olmo", OLMO_REQUIREMENTS)
     install_sharedfs(root, sharedfs_wheel)
     return Venv(root)
 

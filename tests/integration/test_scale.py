@@ -24,7 +24,7 @@ import pytest
 
 from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_available, metadata_ops, mount
 from sharedfs.testing.nodes import node_env
-from sharedfs.testing.skips import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 # xdist_group: the module's counting FUSE mount, mounted once.
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only"),

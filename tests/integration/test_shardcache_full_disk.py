@@ -26,7 +26,7 @@ from helpers import clean_env, require
 from helpers.shardcache_support import sharedfs_before
 
 from sharedfs.shardcache import GARBLED_GRACE, key
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.shardserver import make_shards
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")

@@ -23,7 +23,7 @@ import pytest
 from helpers import clean_env, require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.shardserver import ShardServer, make_shards
 
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")

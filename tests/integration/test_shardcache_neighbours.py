@@ -29,8 +29,8 @@ from helpers import require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
 from sharedfs.shardcache import key
+from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.shardserver import make_shards, wait_until
-from sharedfs.testing.skips import skip_or_fail
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")

@@ -30,7 +30,7 @@ import pytest
 from helpers import clean_env, require
 
 from sharedfs.testing.nodes import node_env, run_on_nodes
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.scenario_torch import (
     EXTENSION,
     FIXED_UPSTREAM,

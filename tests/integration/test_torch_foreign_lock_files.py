@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, require
 
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.scenario_torch import (
     EXTENSION,
     SOURCE,

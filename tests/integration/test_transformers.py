@@ -36,7 +36,7 @@ from helpers.shardcache_support import group_of_users, scratch
 from sharedfs.testing import node_env, remotecode  # remotecode is also each rank's program
 
 # Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest_plugin import hostile_mount  # noqa: F401
+from sharedfs.testing.pytest.plugin import hostile_mount  # noqa: F401
 
 require("transformers", "needs transformers==5.24.0 (scripts/requirements-test.txt)")
 

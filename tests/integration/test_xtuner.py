@@ -29,7 +29,7 @@ from helpers import HELPERS, ROOT, Venv, clean_env
 
 from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
 from sharedfs.testing.ports import free_port
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 # xdist_group: the XTuner venv and the tiny model, made once per worker.
 pytestmark = pytest.mark.xdist_group("xtuner-venv")

@@ -29,7 +29,7 @@ from sharedfs.model.fsinfo import (
 )
 from sharedfs.model.policy import resolve
 from sharedfs.plugins import filesystem, locking
-from sharedfs.testing.skips import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 
 def _safe(info: FsInfo) -> str | None:

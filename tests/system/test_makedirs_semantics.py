@@ -35,7 +35,7 @@ from helpers import clean_env, unixusers
 
 import sharedfs
 from sharedfs.testing import hostilefs
-from sharedfs.testing.pytest_plugin import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 CHECKOUT = str(Path(sharedfs.__file__).resolve().parents[1])
 SITE = sysconfig.get_paths()["purelib"]

@@ -20,7 +20,7 @@ import pytest
 
 import sharedfs.commands.probe
 from sharedfs.commands.probe import CHECKS, SCHEMA_VERSION, probe
-from sharedfs.testing.skips import skip_or_fail
+from sharedfs.testing.pytest.skips import skip_or_fail
 
 TOP_KEYS = {"schema", "path", "node", "workdir", "writable", "error", "seconds", "results", "cleanup"}
 RESULT_KEYS = {"ok", "errno", "detail", "timed_out", "seconds"}

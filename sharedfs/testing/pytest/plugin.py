@@ -1,13 +1,14 @@
-"""pytest fixtures for hostile filesystems.
+"""pytest fixtures for hostile filesystems and the test Slurm cluster.
 
 Load from the top-level ``conftest.py``::
 
-    pytest_plugins = ["sharedfs.testing.pytest_plugin"]
+    pytest_plugins = ["sharedfs.testing.pytest.plugin"]
 
 ``hostile_mount(profile, lag_ms=..., latency_ms=...)`` mounts hostilefs under
 the test's ``tmp_path`` and unmounts everything at teardown;
 ``fault_preload(prefixes, errno_name="ENOSYS")`` returns an environment whose
-processes see lock calls fail under ``prefixes``.
+processes see lock calls fail under ``prefixes``; ``slurm_cluster`` is a real
+2-node Slurm cluster (:mod:`sharedfs.testing.slurm`) for the whole session.
 
 When the machine cannot provide FUSE (or a C compiler for the preload
 library) the test is skipped with the reason -- unless ``$CI`` is set: CI
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Union
 
@@ -25,8 +28,8 @@ import pytest
 
 from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
 from sharedfs.testing.preload import PreloadUnavailable, preload_env
-from sharedfs.testing.skips import skip_or_fail
-from sharedfs.testing.slurm import slurm_cluster  # a fixture: a real 2-node Slurm cluster (session-scoped)
+from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.testing.slurm import SlurmCluster, SlurmUnavailable, slurm_available, start
 
 __all__ = ["fault_preload", "hostile_mount", "skip_or_fail", "slurm_cluster"]
 
@@ -74,3 +77,31 @@ def fault_preload() -> Callable[..., dict]:
             skip_or_fail(f"lock fault library unavailable: {exc}")
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A 2-node test Slurm cluster (``n1``, ``n2``, 4 CPUs each) for the whole session.
+
+    Its epilog runs ``<root>/epilog.d/*`` (tests drop scripts there).  Skips
+    with the reason when Slurm cannot run here -- fails instead under ``CI``.
+    """
+    ok, reason = slurm_available()
+    if not ok:
+        skip_or_fail(f"no test Slurm cluster: {reason}")
+    # Short root: munge's socket path must fit in a sockaddr_un (108 bytes).
+    root = Path(tempfile.mkdtemp(prefix="sfslurm-"))
+    epilog = root / "epilog.sh"
+    (root / "epilog.d").mkdir()
+    epilog.write_text("#!/bin/sh\n# run every test-provided epilog hook; never fail the node\n"
+                      f'for hook in "{root}/epilog.d/"*; do [ -x "$hook" ] && "$hook"; done\nexit 0\n')
+    epilog.chmod(0o755)
+    try:
+        cluster = start(root, nodes=2, cpus=4, epilog=str(epilog))
+    except SlurmUnavailable as exc:
+        skip_or_fail(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
