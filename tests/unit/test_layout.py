@@ -15,7 +15,7 @@ from helpers import ROOT
 FOLDERS = ("unit", "system", "integration")
 #: What a unit test may not use: each needs root (or a Slurm cluster) and belongs in tests/system.
 NOT_IN_UNIT = re.compile(r"\b(hostile_mount|slurm_cluster|throwaway_users|group_of_users|useradd|unixusers|"
-                         r"shardcache_support)\b|\[\"mount\"")
+                         r"shardcache_support|testing\.accounts|testing import accounts)\b|\[\"mount\"")
 FROM_CONFTEST = re.compile(r"^\s*(from conftest import|import conftest)\b", re.MULTILINE)
 
 
@@ -47,11 +47,13 @@ def test_a_misplaced_test_or_helper_is_named_with_where_it_belongs(tmp_path: Pat
     (tmp_path / "workertool.py").write_text("")
     (tmp_path / "unit" / "test_old_import.py").write_text("from conftest import clean_env\n")
     (tmp_path / "unit" / "test_mounts.py").write_text("def test(hostile_mount):\n    pass\n")
+    (tmp_path / "unit" / "test_team.py").write_text("from sharedfs.testing.accounts import group_of_users\n")
     assert layout_problems(tmp_path) == [
         "test_stray.py: at the top of tests/; move it (git mv) to tests/unit, tests/system or tests/integration",
         "workertool.py: at the top of tests/; move it (git mv) to tests/helpers",
         "unit/test_mounts.py: uses hostile_mount, which needs root: move it to tests/system",
         "unit/test_old_import.py: imports from conftest; import from helpers (tests/helpers) instead",
+        "unit/test_team.py: uses testing.accounts, which needs root: move it to tests/system",
     ]
 
 
