@@ -83,8 +83,8 @@ def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | N
     *firstresult*.  Built-in order: an initialised ``torch.distributed``
     (plugin ``distributed``), torchrun's variables, Slurm's ``SLURM_*``
     variables (plugin ``slurm``); when none answers the process is a single
-    rank on its own node.  Called lazily and cached per process (the torch
-    answer is re-asked until the process group exists).
+    rank on its own node.  Asked again at each use, never cached: torch.distributed
+    may start after the first lock.
 
     :param environ: the environment to read.
     """
@@ -191,7 +191,3 @@ def sharedfs_register_shims() -> Sequence[Shim]:
     """
     raise NotImplementedError  # a specification: pluggy calls the implementations, never this body
 
-
-def collect_hook_names() -> list[str]:
-    """Names of every hook in this contract (used by ``sharedfs status``)."""
-    return [name for name in __all__ if name.startswith("sharedfs_")]

@@ -1,7 +1,8 @@
 """Applying shims: right after a target framework executes, each of its shims gets the policy.
 
 Called by the bootstrap's finder (and by :func:`sharedfs.configure` /
-:func:`sharedfs.enable`).  The rules of the design's behaviour section live here:
+:func:`sharedfs.enable`).  The rules every shim is applied by live here (docs/architecture.md,
+"Applying a shim"):
 
 * every patch is version-gated against the framework's *installed metadata*
   (read before anything is patched; a module may lie or be half-initialised);
@@ -249,10 +250,3 @@ def report_internal_error(where: str, exc: BaseException) -> None:
         where, exc_info=exc,
     )
 
-
-def reset_for_tests() -> None:
-    """Forget every shim state (tests that build a fresh runtime)."""
-    global _states
-    with _lock:
-        _states = None
-        _reported.clear()
