@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from sharedfs.machinery.shim import Shim
+    from sharedfs.machinery.shimbase import Shim
     from sharedfs.model.fsinfo import FsInfo, Mount
     from sharedfs.model.identity import ProcessIdentity
     from sharedfs.model.policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
@@ -185,7 +185,7 @@ def sharedfs_register_shims() -> Sequence[Shim]:
     """Return the shims this plugin provides.
 
     Each shim names its target module, the distribution and versions it
-    supports, and implements ``patch``/``unpatch`` (see :class:`sharedfs.machinery.shim.Shim`).
+    supports, and implements ``patch``/``unpatch`` (see :class:`sharedfs.machinery.shimbase.Shim`).
     A shim is applied right after its target module has executed.  Block a
     shim by its name with ``SHAREDFS_DISABLE=name``.
     """

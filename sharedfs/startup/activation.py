@@ -25,7 +25,7 @@ from sharedfs.errors import SharedFSError
 from sharedfs.machinery import choices, distinfo, runtime, standin
 from sharedfs.machinery.hookspecs import NAME
 from sharedfs.machinery.log import decision
-from sharedfs.machinery.shim import Shim, ShimContext
+from sharedfs.machinery.shimbase import Shim, ShimContext
 from sharedfs.model.policy import CachePlacement, Policy
 from sharedfs.model.structs import mutable
 from sharedfs.startup import placedcaches

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from sharedfs.machinery.shim import Patcher, Shim
+from sharedfs.machinery.shimbase import Patcher, Shim
 from sharedfs.model.policy import resolve
 
 
