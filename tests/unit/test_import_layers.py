@@ -30,7 +30,7 @@ KERNEL = Path(sharedfs.__file__).parent
 EXTRA = {name: KERNEL.parent / name if (KERNEL.parent / name).is_dir() else KERNEL / name for name in ("plugins", "shims")}
 LAYERED = ("sharedfs.cluster.nodelocal", "sharedfs.cluster.cleanup", "sharedfs.cluster.dirs")
 #: What the layered modules must never reach: the command line, the shims and plugins above the kernel.
-ABOVE = ("sharedfs.commands.cli", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
+ABOVE = ("sharedfs.commands", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
 
 
 def _module_name(path: Path) -> str:
