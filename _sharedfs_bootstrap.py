@@ -11,9 +11,13 @@ kept out of this module, whose every byte each interpreter unmarshals) and
 :mod:`sharedfs.startup.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
 
-This module sits above the kernel (an entry point, like the CLI): it imports
-the package only when a target has been imported, and nothing in the kernel
-imports it except :mod:`sharedfs.startup.control` and the CLI's status.
+This module is the entry point and the one table of shims at once.  The kernel
+reads its tables and switches it (:mod:`sharedfs.machinery.registry` reads
+``TARGETS``; :mod:`sharedfs.startup.onimport`, :mod:`sharedfs.startup.control` and
+``sharedfs status`` read and switch the finder), and it calls into the package in
+one place only: :func:`_activate` and :func:`find_spec` import
+:mod:`sharedfs.startup.onimport` inside the function, once a target has been
+imported -- the one upward edge tests/unit/test_import_layers.py allows.
 """
 
 import sys
@@ -182,5 +186,8 @@ def find_spec(fullname, path, target=None):
 # Importing this module installs it, as importing virtualenv's ``_virtualenv`` does: the .pth
 # line is ``import _sharedfs_bootstrap`` alone, because site compiles every .pth line at every
 # start-up (``; _sharedfs_bootstrap.install()`` cost each interpreter ~80 k instructions) while
-# this call is already compiled.  install() is idempotent and never raises.
-install()
+# this call is already compiled.  install() is idempotent and never raises.  Under ``python -S``
+# no .pth ran, and a kernel module that only reads TARGETS (the registry) must not switch the
+# autoload on as a side effect; sharedfs.enable() installs the finder explicitly.
+if not sys.flags.no_site:
+    install()

@@ -9,7 +9,7 @@ the kernel's inside.  The hook specifications themselves, with their documentati
 from __future__ import annotations
 
 from sharedfs.machinery.hookspecs import hookimpl
-from sharedfs.machinery.shim import RebindingShim, Shim, ShimContext
+from sharedfs.machinery.shimbase import RebindingShim, Shim, ShimContext
 from sharedfs.model.fsinfo import FsInfo, Mount
 from sharedfs.model.identity import ProcessIdentity
 from sharedfs.model.policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from sharedfs.errors import WaitTimeout
 from sharedfs.machinery.log import decision
-from sharedfs.machinery.shim import Patcher
+from sharedfs.machinery.shimbase import Patcher
 from sharedfs.types import Policy, RebindingShim, Shim, ShimContext, hookimpl
 
 #: Written for and tested with ai2-olmo-core 3.0.0 (``wait_for``, ``_prepare_env_for_save`` and

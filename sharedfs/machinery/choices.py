@@ -29,7 +29,7 @@ from sharedfs.model.fsinfo import FsInfo, clear_mount_cache, mount_for
 from sharedfs.model.policy import CachePlacement, CacheRequest, LockChoice, Policy, TeamCache
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sharedfs.machinery.shim import Shim
+    from sharedfs.machinery.shimbase import Shim
 
 log = logging.getLogger("sharedfs")
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from sharedfs.machinery.shim import Shim
+    from sharedfs.machinery.shimbase import Shim
     from sharedfs.model.fsinfo import FsInfo, Mount
     from sharedfs.model.identity import ProcessIdentity
     from sharedfs.model.policy import CachePlacement, CacheRequest, Layer, LockChoice, Policy, TeamCache
@@ -83,8 +83,8 @@ def sharedfs_process_identity(environ: Mapping[str, str]) -> ProcessIdentity | N
     *firstresult*.  Built-in order: an initialised ``torch.distributed``
     (plugin ``distributed``), torchrun's variables, Slurm's ``SLURM_*``
     variables (plugin ``slurm``); when none answers the process is a single
-    rank on its own node.  Called lazily and cached per process (the torch
-    answer is re-asked until the process group exists).
+    rank on its own node.  Asked again at each use, never cached: torch.distributed
+    may start after the first lock.
 
     :param environ: the environment to read.
     """
@@ -185,13 +185,9 @@ def sharedfs_register_shims() -> Sequence[Shim]:
     """Return the shims this plugin provides.
 
     Each shim names its target module, the distribution and versions it
-    supports, and implements ``patch``/``unpatch`` (see :class:`sharedfs.machinery.shim.Shim`).
+    supports, and implements ``patch``/``unpatch`` (see :class:`sharedfs.machinery.shimbase.Shim`).
     A shim is applied right after its target module has executed.  Block a
     shim by its name with ``SHAREDFS_DISABLE=name``.
     """
     raise NotImplementedError  # a specification: pluggy calls the implementations, never this body
 
-
-def collect_hook_names() -> list[str]:
-    """Names of every hook in this contract (used by ``sharedfs status``)."""
-    return [name for name in __all__ if name.startswith("sharedfs_")]

@@ -25,7 +25,7 @@ from sharedfs.model.policy import CachePlacement, CacheRequest, Layer, LockChoic
 from sharedfs.model.structs import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sharedfs.machinery.shim import Shim
+    from sharedfs.machinery.shimbase import Shim
     from sharedfs.model.fsinfo import FsInfo, Mount
     from sharedfs.model.records import HolderRecord
 

@@ -1,7 +1,8 @@
 """Applying shims: right after a target framework executes, each of its shims gets the policy.
 
 Called by the bootstrap's finder (and by :func:`sharedfs.configure` /
-:func:`sharedfs.enable`).  The rules of the design's behaviour section live here:
+:func:`sharedfs.enable`).  The rules every shim is applied by live here (docs/architecture.md,
+"Applying a shim"):
 
 * every patch is version-gated against the framework's *installed metadata*
   (read before anything is patched; a module may lie or be half-initialised);
@@ -24,7 +25,7 @@ from sharedfs.errors import SharedFSError
 from sharedfs.machinery import choices, distinfo, runtime, standin
 from sharedfs.machinery.hookspecs import NAME
 from sharedfs.machinery.log import decision
-from sharedfs.machinery.shim import Shim, ShimContext
+from sharedfs.machinery.shimbase import Shim, ShimContext
 from sharedfs.model.policy import CachePlacement, Policy
 from sharedfs.model.structs import mutable
 from sharedfs.startup import placedcaches
@@ -249,10 +250,3 @@ def report_internal_error(where: str, exc: BaseException) -> None:
         where, exc_info=exc,
     )
 
-
-def reset_for_tests() -> None:
-    """Forget every shim state (tests that build a fresh runtime)."""
-    global _states
-    with _lock:
-        _states = None
-        _reported.clear()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers.shardcache_support import group_of_users, scratch
 
-from sharedfs.commands.cli import team_check, team_lines
+from sharedfs.commands.teamscan import team_check, team_lines
 from sharedfs.machinery import runtime
 
 RECURSIVE = ("chgrp -R", "chmod -R", "setfacl -R", "-exec chmod")

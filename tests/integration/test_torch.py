@@ -463,7 +463,7 @@ def test_import_torch_loads_nothing_of_sharedfs_until_a_shim_that_needs_it(tmp_p
 #: A site's own shim for torch (a third-party plugin, entry point group ``sharedfs``): it marks torch.hub.
 SITE_SHIM = """
 from sharedfs.machinery.hookspecs import hookimpl
-from sharedfs.machinery.shim import Shim
+from sharedfs.machinery.shimbase import Shim
 
 
 class HubShim(Shim):

@@ -164,7 +164,7 @@ def test_the_manager_is_installed_through_tritons_knob_unless_disabled_or_the_us
 
 
 def test_status_lists_the_triton_shim_and_its_patch(tmp_path: Path) -> None:
-    code = ("import json, triton; from sharedfs.commands.cli import status_report; "
+    code = ("import json, triton; from sharedfs.commands.status import status_report; "
             "print(json.dumps([s for s in status_report()['shims'] if s['name'] == 'triton']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=clean_env({"TRITON_CACHE_DIR": str(tmp_path)}))

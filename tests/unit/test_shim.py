@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from sharedfs.machinery.shim import Patcher, Shim
+from sharedfs.machinery.shimbase import Patcher, Shim
 from sharedfs.model.policy import resolve
 
 
@@ -123,3 +123,26 @@ def test_plugins_and_shims_load_once_under_one_name() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("refused") == 2 and "loaded twice" not in out.stdout, out.stdout
     assert "import sharedfs.plugins, not plugins" in out.stdout
+
+
+def test_reading_the_shim_table_under_python_S_does_not_switch_the_autoload_on() -> None:
+    # `python -S` runs no .pth: the autoload is off, and a kernel module that reads the bootstrap's
+    # table (the registry does) must not install the finder as a side effect of that import.
+    import subprocess
+    from pathlib import Path
+
+    import _sharedfs_bootstrap
+
+    code = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+            "import sharedfs.machinery.registry, _sharedfs_bootstrap as b\n"
+            "print(b.installed(), any(f is b for f in sys.meta_path))\n")
+    import pluggy
+
+    # The checkout and site-packages as plain path entries: no .pth in them runs.
+    roots = list(dict.fromkeys(str(p) for p in (Path(_sharedfs_bootstrap.__file__).parent,
+                                                Path(__import__("sharedfs").__file__).parents[1],
+                                                Path(pluggy.__file__).parents[1])))
+    proc = subprocess.run([sys.executable, "-S", "-c", code, *roots], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]

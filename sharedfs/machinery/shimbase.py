@@ -4,8 +4,11 @@ A shim module (``sharedfs/shims/<framework>.py``) defines one :class:`Shim`
 subclass and returns an instance from the ``sharedfs_register_shims`` hook.
 It applies what it is handed -- the :class:`~sharedfs.Policy` and a
 :class:`ShimContext` with the plugins' decisions for its framework -- and
-decides nothing itself: no environment reads, no hook calls, no second look at
-the process's policy.  Every change it makes goes through its :class:`Patcher`,
+decides nothing of its own: sharedfs's settings reach it only as the policy, it
+asks the plugins only through :mod:`sharedfs.machinery.choices` (their answers,
+asked once and cached), and the environment it reads is its framework's own
+(``OLMO_SHARED_FS``, ``TRITON_CACHE_MANAGER``, ``XTUNER_DATASET_TIMEOUT``: to do
+what the framework would do with them).  Every change it makes goes through its :class:`Patcher`,
 so ``unpatch`` restores exactly what was there (the OpenTelemetry
 ``instrument``/``uninstrument`` habit).
 """
