@@ -170,14 +170,6 @@ class SlurmCluster:
     def wait_finished(self, job_id: str, timeout: float = 60) -> str:
         return self.wait_state(job_id, FINISHED_STATES, timeout)
 
-    def node_addr(self, node: str) -> str:
-        """The node's address from ``scontrol show node`` (fake node names do not resolve)."""
-        out = self.run("scontrol", "show", "node", node).stdout
-        for field in out.split():
-            if field.startswith("NodeAddr="):
-                return field.split("=", 1)[1]
-        raise RuntimeError(f"no NodeAddr for {node} in:\n{out}")
-
     def logs_tail(self, lines: int = 15) -> str:
         parts = []
         for log in sorted((self.root / "log").glob("*.log")):
