@@ -7,7 +7,7 @@ torch without sharedfs (another environment, or ``SHAREDFS_DISABLE=1``) alone wa
 and never loads a partial file.  The next sharedfs builder knows the baton's builder is gone and
 takes the baton over.  If it removed the dead baton and then created its own, a stock waiter
 polling in between would see no lock and load what the dead builder left (a module the linker
-had half written: SIGBUS).  sharedfs replaces it in one ``rename(2)`` (``shims.torch.replace_foreign``,
+had half written: SIGBUS).  sharedfs replaces it in one ``rename(2)`` (``sharedfs.fs.polledfile.replace_foreign``,
 the one rule for foreign lock files, which torch >= 2.14's existence lock file on a flock-less
 filesystem shares), so no poller ever sees it absent.
 
@@ -91,20 +91,22 @@ STOCK_WAITER = textwrap.dedent("""
 REMOVE_THEN_CREATE = textwrap.dedent("""
     import json, sys
     from torch.utils.cpp_extension import load
+    from sharedfs.fs.polledfile import create_whole, read_with_identity
     from sharedfs.fs.recordfile import unlink_if_same
+    from sharedfs.locks.names import TORCH_BATON_KIND
     from sharedfs.shims import torch as shim
     from sharedfs.types import HolderRecord
 
     def remove_then_create(self, record):
-        seen = shim._read(self.lock_file_path)
+        seen = read_with_identity(self.lock_file_path)
         if seen is None:
             return None
         data, identity = seen
         left = HolderRecord.parse(data) if data else None
-        if left is None or left.kind != shim.BATON_KIND:
+        if left is None or left.kind != TORCH_BATON_KIND:
             return None
         unlink_if_same(self.lock_file_path, identity)
-        return shim._create_with(self.lock_file_path, record)
+        return create_whole(self.lock_file_path, record)
 
     shim.SharedFSBaton._take_over_from_dead_sharedfs_builder = remove_then_create
     module = load(sys.argv[1], [sys.argv[2]], verbose=False)
