@@ -40,12 +40,12 @@ module is imported (never imported to be patched: ``torch._inductor`` costs seco
     then -- unless that already is a flock of the same file -- torch's own
     ``<build_dir>/lock`` the way torch without sharedfs holds it on that filesystem (flock;
     its existence where flock answers ENOSYS; nothing where nobody can lock:
-    :class:`StockLockFile`), so a builder of another environment (or ``SHAREDFS_DISABLE``)
-    sharing the directory waits for sharedfs's and is waited for.
+    :class:`~sharedfs.locks.stock.StockLockFile`), so a builder of another environment (or
+    ``SHAREDFS_DISABLE``) sharing the directory waits for sharedfs's and is waited for.
 
-    A lock file that torch without sharedfs polls changes hands otherwise only in one
-    rename (:func:`replace_foreign`): the dead sharedfs builder's baton or lock file is
-    replaced, never removed and created again, so no poller finds it free in between.  The
+    A lock file that torch without sharedfs polls changes hands otherwise only in one rename
+    (:func:`~sharedfs.fs.polledfile.replace_foreign`): the dead sharedfs builder's baton or lock
+    file is replaced, never removed and created again, so no poller finds it free in between.  The
     extensions root (``TORCH_EXTENSIONS_DIR``'s default) follows the cache placement.
 
 ``torch.filelock`` (``torch.utils._filelock``)
@@ -74,7 +74,6 @@ that follows re-application and ``unpatch``.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import inspect
 import logging
@@ -84,16 +83,18 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sharedfs.cluster import workers
-from sharedfs.fs.recordfile import create_record, discard_if_same, unlink_if_same
+from sharedfs.fs.polledfile import create_whole, read_with_identity, record_beside, replace_foreign, unlink_quietly
 from sharedfs.fs.recordfile import identity as _identity
-from sharedfs.fs.safefile import read_untrusted
+from sharedfs.fs.recordfile import unlink_if_same
 from sharedfs.machinery.log import decision
 from sharedfs.types import HolderRecord, Policy, Shim, ShimContext, hookimpl
+
+if TYPE_CHECKING:
+    from sharedfs.locks.stock import StockLockFile
 
 log = logging.getLogger("sharedfs")
 
@@ -182,17 +183,11 @@ def _placed(context: ShimContext) -> str | None:
 
 
 # -- torch.utils.cpp_extension: the build baton ------------------------------------------------------
-
-#: The sharedfs lock beside torch's baton: ``<build_dir>/lock`` + this.  Not the baton's own name: a
-#: native lock file stays on disk after release, and torch without sharedfs would wait for it forever.
-GUARD_SUFFIX = ".sharedfs"
-#: What sharedfs writes into the batons it creates (``HolderRecord.kind``): torch's own are empty.
-BATON_KIND = "torch-baton"
-#: A process waiting for a baton of torch without sharedfs says so after this long, then every REPORT_EVERY.
-REPORT_AFTER = 30.0
-REPORT_EVERY = 120.0
-#: ``link(2)`` refusals that mean "this filesystem has no hard links", not "the name exists".
-_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV})
+#
+# The names of the files (sharedfs.locks.names, which `sharedfs locks` reads back), how stock filelock holds a
+# file (sharedfs.locks.stock) and when a waiter speaks (sharedfs.locks.reporting) are imported where they are
+# used: sharedfs.locks loads filelock (44 M instructions), which a torch process pays for only once it builds
+# or takes a lock (see TorchFileLockShim.apply).  The lock files' own protocol is sharedfs.fs.polledfile's.
 
 
 class SharedFSBaton:
@@ -227,8 +222,9 @@ class SharedFSBaton:
         self.fd = None  # torch's attribute; the baton holds no descriptor here
         self._held: tuple[int, int] | None = None  # (st_dev, st_ino) of the baton this process created
         from sharedfs.locks import lock  # see TorchFileLockShim.apply
+        from sharedfs.locks.names import TORCH_GUARD_SUFFIX
 
-        self._guard = lock(lock_file_path + GUARD_SUFFIX, timeout=-1, policy=self.policy)
+        self._guard = lock(lock_file_path + TORCH_GUARD_SUFFIX, timeout=-1, policy=self.policy)
 
     def try_acquire(self) -> bool:
         self._guard.acquire()
@@ -255,9 +251,11 @@ class SharedFSBaton:
     # -- torch's baton, taken while the sharedfs lock is held -----------------------------------------
 
     def _take_baton(self) -> None:
-        record = HolderRecord.mine(self.policy.node_id, BATON_KIND).to_bytes()
+        from sharedfs.locks.names import TORCH_BATON_KIND
+
+        record = HolderRecord.mine(self.policy.node_id, TORCH_BATON_KIND).to_bytes()
         while True:
-            held = _create_with(self.lock_file_path, record)
+            held = create_whole(self.lock_file_path, record)
             if held is None:
                 held = self._take_over_from_dead_sharedfs_builder(record)
             if held is not None:
@@ -272,36 +270,41 @@ class SharedFSBaton:
         without sharedfs waiting in ``FileBaton.wait()`` would see it gone in between and load the
         extension the dead builder left half-built.
         """
-        seen = _read(self.lock_file_path)
+        from sharedfs.locks.names import TORCH_BATON_KIND
+
+        seen = read_with_identity(self.lock_file_path)
         if seen is None:
             return None  # released meanwhile: the next attempt creates it
         data, identity = seen
         left = HolderRecord.parse(data) if data else None
-        if left is None or left.kind != BATON_KIND:
+        if left is None or left.kind != TORCH_BATON_KIND:
             return None
         # This process holds the lock every sharedfs builder holds while its baton exists: that builder is gone.
-        ours = _record_file(self.lock_file_path, record)
+        ours = record_beside(self.lock_file_path, record)
         try:
             mine = _identity(os.lstat(ours))
             if not replace_foreign(self.lock_file_path, identity, ours):
                 return None
         finally:
-            _unlink_quietly(ours)
+            unlink_quietly(ours)
         decision(f"torch extension build in {os.path.dirname(self.lock_file_path)} was left unfinished by "
                  f"{left.describe()}, which is gone; building it again", level=logging.WARNING, every_rank=True)
         return mine
 
     def _wait_for_foreign_baton(self) -> None:
         """Wait, as torch does, while a baton of torch without sharedfs exists; say what it is after a while."""
+        from sharedfs.locks.names import TORCH_BATON_KIND
+        from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
+
         started = time.monotonic()
         report_at = started + REPORT_AFTER
         while True:
-            seen = _read(self.lock_file_path)
+            seen = read_with_identity(self.lock_file_path)
             if seen is None:
                 return
             data = seen[0]
             record = HolderRecord.parse(data) if data else None
-            if record is not None and record.kind == BATON_KIND:
+            if record is not None and record.kind == TORCH_BATON_KIND:
                 return  # a sharedfs baton: the caller decides about it under the lock
             now = time.monotonic()
             if now >= report_at:
@@ -332,350 +335,7 @@ def baton_class(original: type, policy: Policy) -> type:
         return made
 
 
-def _read(path: str) -> tuple[bytes, tuple[int, int]] | None:
-    """The baton's bytes and identity; ``None`` when it is gone.  Never follows a planted symlink or FIFO."""
-    try:
-        got = read_untrusted(path)
-    except FileNotFoundError:
-        return None
-    if got is None:
-        return b"", (-1, -1)  # not a file sharedfs wrote: counts as a foreign baton
-    data, st = got
-    return data, (st.st_dev, st.st_ino)
-
-
-def _create_with(path: str, data: bytes) -> tuple[int, int] | None:
-    """Create ``path`` holding ``data`` in one step; its (st_dev, st_ino), or ``None`` when it exists.
-
-    A hard link of a complete temporary file, so no waiter ever reads a half-written
-    record (and a builder killed in between leaves no empty baton, which would read as
-    torch's own).  NFS may retransmit a link whose reply was lost and answer EEXIST for
-    our own success: the temporary file's link count then tells.  Without hard links the
-    file is created ``O_EXCL`` and written at once.
-    """
-    temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = create_record(temp, data, 0o666)
-    held = _identity(fd)
-    try:
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            if os.fstat(fd).st_nlink < 2:
-                return None
-        except OSError as exc:
-            if exc.errno not in _NO_LINKS:
-                raise
-            return _create_unlinked(path, data)
-        return held
-    finally:
-        discard_if_same(temp, held)
-        os.close(fd)
-
-
-def _create_unlinked(path: str, data: bytes) -> tuple[int, int] | None:
-    try:
-        fd = create_record(path, data, 0o666)
-    except FileExistsError:
-        return None
-    try:
-        return _identity(fd)
-    finally:
-        os.close(fd)
-
-
-def _record_file(path: str, data: bytes) -> str:
-    """A complete file holding ``data`` beside ``path`` (a name of sharedfs's own, never one torch polls)."""
-    temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    os.close(create_record(temp, data, 0o666))
-    return temp
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-# -- foreign lock files: lock files that programs without sharedfs poll ---------------------------------
-#
-# One rule for them: sharedfs creates such a file whole (a hard link of a complete record), removes only
-# the one it holds itself, and otherwise lets it change hands only by an atomic replacement
-# (replace_foreign), never by removing it and creating it again: a program without sharedfs polling the
-# name (torch < 2.14's FileBaton.wait(), filelock's SoftFileLock) would find it free in between, and build
-# beside the new holder, or load what a dead builder left half-built.
-
-#: ``renameat2(2)`` flags: swap the two names in one step.
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-#: Refusals of RENAME_EXCHANGE that mean "this filesystem cannot", as filelock reads them.
-_NO_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP})
-
-
-@functools.lru_cache(maxsize=None)
-def _renameat2() -> Callable[..., int] | None:
-    """glibc's ``renameat2``, or ``None`` (another libc, or an old glibc): loaded only when a takeover needs it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes  # only a takeover of a dead holder's file needs it
-
-    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
-
-
-def _exchange(first: str, second: str) -> bool:
-    """Swap the two names atomically; False when the filesystem (or the C library) cannot."""
-    function = _renameat2()
-    if function is None:
-        return False
-    import ctypes
-
-    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in _NO_EXCHANGE:
-        return False
-    raise OSError(code, os.strerror(code), first, None, second)
-
-
-def replace_foreign(path: str, expected: tuple[int, int], source: str) -> bool:
-    """Put the file ``source`` names at ``path`` in place of the file ``expected`` identifies, in one step.
-
-    The one place sharedfs takes over a foreign lock file (one left by a holder that is gone):
-    ``path`` never goes missing on the way.  ``source`` keeps its name (a second link moves;
-    without hard links ``source`` itself moves).  With ``RENAME_EXCHANGE`` (what filelock >= 4.3
-    breaks a marker with) the file displaced is checked afterwards and swapped back when it was
-    not ``expected`` (somebody replaced it in between); a filesystem that refuses the exchange
-    (NFS, most FUSE daemons) gets a rename right after checking that ``expected`` is still there.
-    False when ``path`` is not ``expected`` (any more): nothing changed at ``path``.
-    """
-    swap = f"{path}.{uuid.uuid4().hex}.swap"
-    try:
-        os.link(source, swap)
-    except OSError as exc:
-        if exc.errno not in _NO_LINKS:
-            raise
-        os.rename(source, swap)
-    displaced_live = False
-    try:
-        try:
-            if _identity(os.lstat(path)) != expected:
-                return False
-        except FileNotFoundError:
-            return False
-        if _exchange(swap, path):
-            if _identity(os.lstat(swap)) == expected:
-                return True  # swap names the displaced file now: removed below
-            displaced_live = True  # not the file we judged: give it its name back
-            if not _exchange(swap, path):
-                raise OSError(errno.EIO, f"could not give {path} back to its holder after exchanging it; its file "
-                                         f"is at {swap}: move it back with mv -f {swap} {path}")
-            displaced_live = False
-            return False
-        os.rename(swap, path)
-        return True
-    finally:
-        if not displaced_live:  # never remove a live holder's file
-            _unlink_quietly(swap)
-
-
 # -- torch >= 2.14: torch.utils._filelock.FileLock(<build_dir>/lock) ------------------------------------
-
-FLOCK = "flock"
-EXISTENCE = "existence"
-#: How torch without sharedfs locks a file in each build directory probed so far (stock_mechanism).
-_mechanisms: dict[str, str | None] = {}
-#: Names of the second link a sharedfs holder keeps to an existence lock file it created: ``lock.<hex>.sharedfs``.
-_TWIN = re.compile(r"\.[0-9a-f]{32}\.sharedfs\Z")
-
-
-def stock_mechanism(directory: str) -> str | None:
-    """How torch without sharedfs (filelock's ``FileLock``) holds a lock file in ``directory``.
-
-    ``"flock"`` where flock works (filelock's Unix lock; the file stays after release);
-    ``"existence"`` where flock answers ENOSYS (filelock >= 3.24 falls back to ``SoftFileLock``
-    there: the lock is the file's existence, created ``O_EXCL``); ``None`` where flock fails
-    otherwise (ENOLCK: NFS without lockd), where filelock raises before it holds anything, so
-    no process without sharedfs holds such a file.  Asked once per directory, of a file of
-    sharedfs's own (creating the lock file itself would take the lock where existence is the lock).
-    Raises :class:`FileNotFoundError` while ``directory`` does not exist.
-    """
-    if directory in _mechanisms:
-        return _mechanisms[directory]
-    import fcntl
-
-    probe = os.path.join(directory, f".sharedfs-probe-{uuid.uuid4().hex}")
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        mechanism: str | None = FLOCK
-    except OSError as exc:
-        mechanism = EXISTENCE if exc.errno == errno.ENOSYS else None
-    finally:
-        os.close(fd)
-        _unlink_quietly(probe)
-    _mechanisms[directory] = mechanism
-    return mechanism
-
-
-class StockLockFile:
-    """torch's own ``<build_dir>/lock``, held the way torch without sharedfs holds it on its filesystem.
-
-    ``flock``: an exclusive flock of the file, which stays on disk (as filelock leaves it).
-    ``existence``: the file itself, made as a hard link of a complete record in filelock's
-    own format (``<pid>\\n<host>\\n``, which every filelock that reads records parses, and whose
-    holder it judges alive on this host as it judges its own), so no poller ever reads half a
-    record.  The holder keeps its first name, ``lock.<hex>.sharedfs``, while it holds: a second
-    link nobody without sharedfs makes, which is how the next sharedfs builder knows the file
-    was a sharedfs builder's.  That builder held the sharedfs lock the next one holds now, so
-    it is gone, and its file is taken over by :func:`replace_foreign`.  Any other holder's file
-    is waited for, as torch waits.
-    """
-
-    def __init__(self, path: str, mechanism: str) -> None:
-        self.path = path
-        self.mechanism = mechanism
-        self._fd: int | None = None  # flock: the locked descriptor
-        self._twin: str | None = None  # existence: this holder's first name of the file
-        self._held: tuple[int, int] | None = None
-        self.took_over: str | None = None  # existence: the dead sharedfs builder's twin this hold replaced
-
-    def try_acquire(self) -> bool:
-        return self._try_flock() if self.mechanism == FLOCK else self._try_existence()
-
-    def release(self) -> None:
-        if self._fd is not None:
-            import fcntl
-
-            fd, self._fd = self._fd, None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
-        if self._held is not None:
-            held, self._held = self._held, None
-            unlink_if_same(self.path, held)  # frees it; then the second name goes
-        if self._twin is not None:
-            twin, self._twin = self._twin, None
-            _unlink_quietly(twin)
-
-    def holder(self) -> str:
-        """Who holds the file, as far as its record says (for a long wait's message)."""
-        if self.mechanism == FLOCK:
-            return f"a live process (the kernel drops the flock of a dead one; `fuser -v {self.path}` on each node)"
-        try:
-            got = read_untrusted(self.path)
-        except FileNotFoundError:
-            return "nobody any more"
-        lines = got[0].decode("utf-8", "replace").split("\n") if got else []
-        if len(lines) >= 2 and lines[0].isdigit():
-            return f"pid {lines[0]} on {lines[1]}, by its record"
-        return "a process that left no record sharedfs can read"
-
-    # -- flock ---------------------------------------------------------------------------------------
-
-    def _try_flock(self) -> bool:
-        import fcntl
-
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        except PermissionError:  # another user's lock file without group write: read-only does for flock
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                return False
-            raise
-        try:
-            if os.fstat(fd).st_nlink == 0 or _identity(os.lstat(self.path)) != _identity(os.fstat(fd)):
-                raise FileNotFoundError  # locked a file someone removed or replaced meanwhile: try again
-        except FileNotFoundError:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    # -- existence -----------------------------------------------------------------------------------
-
-    def _try_existence(self) -> bool:
-        try:
-            seen = os.lstat(self.path)
-        except FileNotFoundError:
-            return self._create()
-        return self._take_over_if_sharedfs(seen)
-
-    def _create(self) -> bool:
-        twin = self._new_twin()
-        try:
-            os.link(twin, self.path)
-        except FileExistsError:
-            if os.stat(twin).st_nlink < 2:  # NFS answers EEXIST for a retransmitted link of its own success
-                _unlink_quietly(twin)
-                return False
-        except OSError as exc:
-            _unlink_quietly(twin)
-            if exc.errno not in _NO_LINKS:
-                raise
-            # No hard links here: created O_EXCL and written at once, and no later builder can tell it was ours.
-            self._held = _create_unlinked(self.path, _stock_record())
-            return self._held is not None
-        self._twin, self._held = twin, _identity(os.stat(twin))
-        return True
-
-    def _take_over_if_sharedfs(self, seen: os.stat_result) -> bool:
-        left = self._twin_of(seen)
-        if left is None:
-            return False  # torch without sharedfs holds it (or left it): waited for, as torch waits
-        ours = self._new_twin()
-        try:
-            replaced = replace_foreign(self.path, _identity(seen), ours)
-        except BaseException:
-            _unlink_quietly(ours)
-            raise
-        if not replaced:
-            _unlink_quietly(ours)
-            return False
-        _unlink_quietly(left)
-        self._twin, self._held, self.took_over = ours, _identity(os.stat(ours)), left
-        return True
-
-    def _twin_of(self, seen: os.stat_result) -> str | None:
-        """The second name a sharedfs holder gave the file ``seen``, if it has one."""
-        if seen.st_nlink < 2:
-            return None
-        directory, base = os.path.split(self.path)
-        try:
-            names = os.listdir(directory or ".")
-        except OSError:
-            return None
-        for name in names:
-            if name.startswith(base) and _TWIN.match(name, len(base)):
-                candidate = os.path.join(directory, name)
-                try:
-                    if _identity(os.lstat(candidate)) == _identity(seen):
-                        return candidate
-                except FileNotFoundError:
-                    continue
-        return None
-
-    def _new_twin(self) -> str:
-        twin = f"{self.path}.{uuid.uuid4().hex}.sharedfs"
-        os.close(create_record(twin, _stock_record(), 0o666))
-        return twin
-
-
-def _stock_record() -> bytes:
-    """filelock's soft-lock record of this process, in the two-line form every filelock that reads records parses."""
-    import socket
-
-    return f"{os.getpid()}\n{socket.gethostname()}\n".encode()
 
 
 class SharedFSBuildLock:
@@ -684,7 +344,7 @@ class SharedFSBuildLock:
     ``acquire`` takes the sharedfs lock on ``<build_dir>/lock`` (its kind chosen for the
     filesystem, with a holder record: a dead builder is recognised on any node), then --
     unless that already is a flock of the file itself -- torch's own ``<build_dir>/lock`` the
-    way torch without sharedfs holds it there (:class:`StockLockFile`), waiting for it as
+    way torch without sharedfs holds it there (:class:`~sharedfs.locks.stock.StockLockFile`), waiting for it as
     torch waits.  So a builder of another environment (or ``SHAREDFS_DISABLE``) sharing the
     directory waits for sharedfs's builders and is waited for.  The last release lets go of
     torch's file first.
@@ -716,6 +376,8 @@ class SharedFSBuildLock:
         """Where torch's own lock is the file's existence (flock answers ENOSYS), sharedfs's lock on that file is an
         existence lock (its marker) too: a native kind would open the file to lock it, create it, and leave it
         behind, which torch without sharedfs takes for a lock held forever (a record-less marker)."""
+        from sharedfs.locks.stock import EXISTENCE, stock_mechanism
+
         try:
             mechanism = stock_mechanism(os.path.dirname(os.path.abspath(self.lock_file)))
         except FileNotFoundError:
@@ -735,6 +397,9 @@ class SharedFSBuildLock:
             super()._release()  # type: ignore[misc]
 
     def _hold_stock_file(self, started: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> StockLockFile | None:
+        from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
+        from sharedfs.locks.stock import FLOCK, StockLockFile, stock_mechanism
+
         if self.kind == FLOCK:
             return None  # the sharedfs lock is a flock of this very file: torch's own way already
         path = os.path.abspath(self.lock_file)

@@ -46,6 +46,7 @@ from typing import Any
 from sharedfs.fs import oslocks
 from sharedfs.fs.directory import Changed, Directory, Identity, identity, owner_may_remove
 from sharedfs.locks import _marker
+from sharedfs.locks.names import TORCH_BATON_KIND, TORCH_BATON_NAME, TORCH_GUARD_SUFFIX
 from sharedfs.model.records import HolderRecord, user_name
 from sharedfs.shardcache import META, SIBLING_SUFFIX
 
@@ -70,9 +71,6 @@ _OWN_NAME = re.compile(r"(.+" + re.escape(_marker.SUFFIX) + r")\.([0-9a-f]{8})")
 #: The shard cache's coordination tree (sharedfs.shardcache's layout): ``<parent>/.<cache>.sharedfs/``
 #: or ``<cache>/.sharedfs/``, with ``claims/`` (download claims) and ``inuse/`` (readers).
 _SHARD_TREE = re.compile(r"\..+" + re.escape(SIBLING_SUFFIX) + "|" + re.escape(META))
-#: torch's build baton ``<build_dir>/lock`` and the sharedfs lock beside it (shims/torch.py:
-#: ``GUARD_SUFFIX`` and ``BATON_KIND``; tests/unit/test_locks_cli.py checks that the two agree).
-TORCH_BATON_NAME, TORCH_GUARD_SUFFIX, TORCH_BATON_KIND = "lock", ".sharedfs", "torch-baton"
 #: What a native lock file is called by the frameworks: filelock/datasets/hub ``*.lock``, torch's ``lock``.
 _NATIVE_SUFFIX = ".lock"
 

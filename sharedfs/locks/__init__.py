@@ -9,6 +9,14 @@ carries the choice out behind filelock's own contract:
   non-blocking attempt each;
 * :mod:`~sharedfs.locks._marker` -- the existence marker with its holder record,
   stale-holder breaking and lease renewal.
+
+and, for shims and ``sharedfs locks`` (the other modules are the package's own):
+
+* :mod:`~sharedfs.locks.stock` -- a framework's lock file held the way stock filelock
+  holds it, beside sharedfs's own lock (torch's extension build lock);
+* :mod:`~sharedfs.locks.names` -- the names of the files sharedfs puts beside a
+  framework's lock, which ``sharedfs locks`` reads back;
+* :mod:`~sharedfs.locks.reporting` -- when a waiter says whom it waits for.
 """
 
 from sharedfs.errors import LockTimeout

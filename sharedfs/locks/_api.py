@@ -44,6 +44,7 @@ from sharedfs.errors import ConfigError, LockTimeout
 from sharedfs.fs import oslocks
 from sharedfs.locks import _marker
 from sharedfs.locks._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
+from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
 from sharedfs.machinery import choices, runtime
 from sharedfs.machinery.log import decision
 from sharedfs.machinery.standin import unwrap
@@ -56,9 +57,6 @@ log = logging.getLogger("sharedfs")
 #: A node's representative waiter pauses between attempts, doubling from MIN_POLL up to the
 #: ``poll_interval`` setting.
 MIN_POLL = 0.002
-#: A waiter says whom it waits for after REPORT_AFTER seconds, then every REPORT_EVERY.
-REPORT_AFTER = 30.0
-REPORT_EVERY = 120.0
 
 
 class _Wait(threading.local):

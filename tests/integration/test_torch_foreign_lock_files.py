@@ -7,7 +7,7 @@ torch without sharedfs (another environment, or ``SHAREDFS_DISABLE=1``) alone wa
 and never loads a partial file.  The next sharedfs builder knows the baton's builder is gone and
 takes the baton over.  If it removed the dead baton and then created its own, a stock waiter
 polling in between would see no lock and load what the dead builder left (a module the linker
-had half written: SIGBUS).  sharedfs replaces it in one ``rename(2)`` (``shims.torch.replace_foreign``,
+had half written: SIGBUS).  sharedfs replaces it in one ``rename(2)`` (``sharedfs.fs.polledfile.replace_foreign``,
 the one rule for foreign lock files, which torch >= 2.14's existence lock file on a flock-less
 filesystem shares), so no poller ever sees it absent.
 
@@ -27,6 +27,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import clean_env, require
@@ -91,20 +92,22 @@ STOCK_WAITER = textwrap.dedent("""
 REMOVE_THEN_CREATE = textwrap.dedent("""
     import json, sys
     from torch.utils.cpp_extension import load
+    from sharedfs.fs.polledfile import create_whole, read_with_identity
     from sharedfs.fs.recordfile import unlink_if_same
+    from sharedfs.locks.names import TORCH_BATON_KIND
     from sharedfs.shims import torch as shim
     from sharedfs.types import HolderRecord
 
     def remove_then_create(self, record):
-        seen = shim._read(self.lock_file_path)
+        seen = read_with_identity(self.lock_file_path)
         if seen is None:
             return None
         data, identity = seen
         left = HolderRecord.parse(data) if data else None
-        if left is None or left.kind != shim.BATON_KIND:
+        if left is None or left.kind != TORCH_BATON_KIND:
             return None
         unlink_if_same(self.lock_file_path, identity)
-        return shim._create_with(self.lock_file_path, record)
+        return create_whole(self.lock_file_path, record)
 
     shim.SharedFSBaton._take_over_from_dead_sharedfs_builder = remove_then_create
     module = load(sys.argv[1], [sys.argv[2]], verbose=False)
@@ -200,3 +203,56 @@ def test_a_dead_sharedfs_builders_baton_is_replaced_without_a_moment_in_which_st
     print("one rename:", json.dumps(after))
     # The stock waiter saw the baton only when the new builder released it, and loaded the finished extension.
     assert after["waiter"] is not None and after["waiter"]["answer"] == 42, after  # type: ignore[index]
+
+
+# -- what `sharedfs locks` says of such a baton ----------------------------------------------------------
+
+
+def _locks(*args: str) -> list[dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "sharedfs", "locks", "--json", *args], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert done.returncode in (0, 1), done.stderr  # 0: nothing held, 1: something held or undecidable
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
+
+
+def _baton_rows(rows: list[dict[str, Any]], baton: Path) -> list[dict[str, Any]]:
+    return [row for row in rows if row["file"] == str(baton)]
+
+
+def test_sharedfs_locks_names_a_dead_sharedfs_builders_baton_keeps_it_and_the_next_build_replaces_it(
+    tmp_path: Path, chain: Toolchain
+) -> None:
+    """``sharedfs locks`` reads the baton as the torch shim writes it (its name, the sharedfs lock beside it and
+    its record's kind: one definition, ``sharedfs.locks.names``).  torch without sharedfs leaves an empty baton
+    nobody can judge; a sharedfs builder's is named as a dead builder's and kept by ``--clear-dead`` (a poller
+    would take its absence for a finished build), and the next build replaces it."""
+    # torch without sharedfs: the killed builder's baton is empty, and nothing says whose it is.
+    stock = tmp_path / "stock"
+    kill_mid_build(chain, chain.env(clean_env({"SHAREDFS_DISABLE": "1"}), stock))
+    stock_baton = stock / EXTENSION / "lock"
+    assert stock_baton.exists() and stock_baton.read_bytes() == b""
+    rows = _locks(str(stock))
+    assert all(row["holder"] is None and row["state"] != "dead" for row in _baton_rows(rows, stock_baton)), rows
+
+    # With sharedfs: the baton holds the builder's record, which the command reads as torch's baton of a dead
+    # sharedfs builder (the same kind the shim wrote), beside the sharedfs lock the builder held.
+    root = tmp_path / "sharedfs"
+    pid = kill_mid_build(chain, chain.env(clean_env(), root))
+    baton = root / EXTENSION / "lock"
+    assert (root / EXTENSION / "lock.sharedfs").exists() or (root / EXTENSION / "lock.sharedfs.held").exists()
+    rows = _locks(str(root))
+    [row] = _baton_rows(rows, baton)
+    assert (row["kind"], row["state"]) == ("torch-baton", "dead"), rows
+    assert row["holder"]["pid"] == pid and row["holder"]["lock_kind"] == "torch-baton", row
+    assert "never removed here" in row["evidence"], row
+
+    # --clear-dead keeps it: torch without sharedfs may be polling that name, and its absence means "built".
+    _locks("--clear-dead", str(root))
+    assert baton.exists()
+
+    # The next sharedfs build takes it over (one rename), finishes the build and releases it.
+    assert answer(run_load(chain.env(clean_env(), root), 180)) is not None
+    assert not baton.exists()
+    rows = _locks(str(root))
+    assert _baton_rows(rows, baton) == [], rows

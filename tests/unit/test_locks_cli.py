@@ -383,12 +383,6 @@ def test_a_native_lock_timeout_names_the_pid_that_holds_it_on_this_node(tmp_path
         holder.wait()
 
 
-def test_the_torch_names_agree_with_the_torch_shim() -> None:
-    from sharedfs.shims import torch as shim
-
-    assert (locks_cmd.TORCH_GUARD_SUFFIX, locks_cmd.TORCH_BATON_KIND) == (shim.GUARD_SUFFIX, shim.BATON_KIND)
-
-
 # -- a bounded number of filesystem calls ------------------------------------------------------------
 
 
