@@ -2,7 +2,7 @@
 
 This module parses the command line, runs the command it names and ends every command the
 same way (:mod:`sharedfs.commands.exits`).  The commands live in modules of their own:
-:mod:`~sharedfs.commands.status`, :mod:`~sharedfs.commands.doctor`, :mod:`~sharedfs.commands.locks`,
+:mod:`~sharedfs.commands.status`, :mod:`~sharedfs.commands.doctor`, :mod:`~sharedfs.commands.lockfiles`,
 :mod:`~sharedfs.commands.demo`; ``env``, ``cleanup`` and the thin ``locks``/``demo`` entries stay here.
 """
 
@@ -231,7 +231,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
-    from sharedfs.commands.locks import main as locks_main
+    from sharedfs.commands.lockfiles import main as locks_main
 
     return locks_main(args.paths, as_json=args.json, clear_dead=args.clear_dead, older_than=args.older_than,
                       user=args.user)

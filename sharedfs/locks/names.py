@@ -1,7 +1,7 @@
 """The names sharedfs gives lock files of its own that a framework's lock file stands beside.
 
 Written by the shim that takes them (``shims/torch.py``) and read back by ``sharedfs locks``
-(``sharedfs/commands/locks.py``), which must tell them from any other file: one definition
+(``sharedfs/commands/lockfiles.py``), which must tell them from any other file: one definition
 for both.
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env
 
-from sharedfs.commands import locks as locks_cmd
+from sharedfs.commands import lockfiles as locks_cmd
 
 HOLD = """
 import sys, time, sharedfs
