@@ -138,6 +138,8 @@ import json, os, sys, time, urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 import torch
+# What `import torch` loaded of sharedfs: nothing but the stand-ins (the kernel loads on their first call).
+loaded_at_import = "sharedfs.startup.activation" in sys.modules
 sync, server = Path(sys.argv[1]), sys.argv[2]
 
 
@@ -166,7 +168,7 @@ try:
     model = torch.hub.load("%s/%s", "tiny", trust_repo=True, skip_validation=True,
                            force_reload=os.environ.get("TEST_FORCE_RELOAD") == "1")
     out = float(model(torch.ones(1, 8)).sum())
-    print(json.dumps({"ok": True, "out": out}))
+    print(json.dumps({"ok": True, "out": out, "loaded_at_import": loaded_at_import}))
 except Exception as exc:
     print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)[:300]}))
 """ % (OWNER, REPO)
@@ -264,8 +266,8 @@ def github() -> Iterator[GitHubServer]:
 
 
 def hub_load_on_ranks(tmp_path: Path, github: GitHubServer, label: str, disable: str | None,
-                      force_reload: bool = False) -> tuple[int, list[dict[str, object]]]:
-    """8 ranks (2 simulated nodes) call torch.hub.load at once; the zipballs served and each rank's result."""
+                      force_reload: bool = False, ranks: int = RANKS) -> tuple[int, list[dict[str, object]]]:
+    """``ranks`` processes (2 simulated nodes) call torch.hub.load at once; the zipballs served, each one's result."""
     sync = tmp_path / f"sync-{label}"
     sync.mkdir(parents=True)
     env = {key: value for key, value in os.environ.items() if key != "SHAREDFS_DISABLE"}
@@ -275,28 +277,28 @@ def hub_load_on_ranks(tmp_path: Path, github: GitHubServer, label: str, disable:
     env.update(TORCH_HOME=str(tmp_path / "torch-home"), TEST_FORCE_RELOAD="1" if force_reload else "0")
     server = f"http://127.0.0.1:{github.server_address[1]}"
     before = github.zipballs
-    ranks = [subprocess.Popen([sys.executable, "-c", LOAD_RANK, str(sync), server], text=True,
+    procs = [subprocess.Popen([sys.executable, "-c", LOAD_RANK, str(sync), server], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=node_env("a" if i % 2 else "b", env, SHAREDFS_TEST_INDEX=i))
-             for i in range(RANKS)]
+             for i in range(ranks)]
     try:
         deadline = time.monotonic() + 300
-        while len(list(sync.glob("ready-*"))) < RANKS:
-            assert all(r.poll() is None for r in ranks), [r.communicate() for r in ranks if r.poll() is not None]
+        while len(list(sync.glob("ready-*"))) < ranks:
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
             assert time.monotonic() < deadline, "ranks never got ready"
             time.sleep(0.01)
         (sync / "go").touch()
         results = []
-        for rank in ranks:
-            out, err = rank.communicate(timeout=300)
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
             lines = [line for line in out.splitlines() if line.startswith("{")]
-            assert rank.returncode == 0 and lines, err[-3000:]
+            assert proc.returncode == 0 and lines, err[-3000:]
             results.append(json.loads(lines[-1]))
     finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-                rank.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return github.zipballs - before, results
 
 
@@ -326,7 +328,27 @@ def test_eight_ranks_load_a_hub_repository_crashing_or_downloading_it_eight_time
         assert failures(shared) == []
         assert gets == 1
         assert [r["out"] for r in shared] == [EXPECTED] * RANKS
+        assert not any(r["loaded_at_import"] for r in shared), "import torch loaded sharedfs"
         hub = tmp_path / f"sharedfs-{trial}" / "torch-home" / "hub"
         assert not [p.name for p in hub.iterdir() if p.name.endswith((".zip", ".partial"))]
         assert (hub / f"{OWNER}_{REPO}_main" / "hubconf.py").is_file()
     print(measured)
+
+
+def test_force_reload_on_eight_ranks_reloads_for_each_one_at_a_time_with_sharedfs(
+        tmp_path: Path, github: GitHubServer) -> None:
+    """``force_reload=True`` stays torch's: each caller downloads and replaces the folder.  Stock
+    (``SHAREDFS_DISABLE=torch_hub``: the opt-out) the 8 reloads remove and move the folder under each other;
+    with sharedfs they run one after the other, and every rank gets the model."""
+    for label in ("stock", "sharedfs"):  # the folder in place, loaded once by one process
+        assert hub_load_on_ranks(tmp_path / label, github, "warm", None, ranks=1) == (1, [{
+            "ok": True, "out": EXPECTED, "loaded_at_import": False}])
+    stock_zipballs, stock = hub_load_on_ranks(tmp_path / "stock", github, "reload", "torch_hub", force_reload=True)
+    gets, shared = hub_load_on_ranks(tmp_path / "sharedfs", github, "reload", None, force_reload=True)
+    print(f"force_reload on {RANKS} ranks: stock {stock_zipballs} downloads, {len(failures(stock))} failed "
+          f"{sorted(set(failures(stock)))}; sharedfs {gets} downloads, {len(failures(shared))} failed")
+    assert stock_zipballs == RANKS  # every caller reloads, as torch documents
+    assert failures(stock), "the stock reloads should have removed or moved the folder under each other"
+    assert gets == RANKS  # still every caller's own reload
+    assert failures(shared) == []
+    assert [r["out"] for r in shared] == [EXPECTED] * RANKS
