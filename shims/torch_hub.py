@@ -41,6 +41,8 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
+from sharedfs.cluster.dirs import wait_for
+from sharedfs.fs.directory import Directory
 from sharedfs.locks import lock
 from sharedfs.machinery.standin import unwrap
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
@@ -121,12 +123,34 @@ def trusting(original: Callable[..., Any], hub: ModuleType, policy: Policy) -> C
         if held is not None:
             hub_dir = hub.get_dir()
             held.enter_context(lock(os.path.join(hub_dir, f".{owner_name_branch}.lock"), policy=policy))
-            # Read the directory before torch's os.path.exists: on NFS a listing revalidates it, so the
-            # folder the rank before us published is not answered from a cached "does not exist".
-            os.listdir(hub_dir)
+            see_published(hub_dir, owner_name_branch, policy)
         return result
 
     return _check_repo_is_trusted
+
+
+def see_published(hub_dir: str, name: str, policy: Policy) -> None:
+    """Under the lock, before torch's ``os.path.exists``: make this node see ``<hub_dir>/<name>`` if it exists.
+
+    A folder a rank on another node published just before releasing the lock may still be "missing" in this
+    node's metadata cache (NFS's negative lookups): torch would download it again and move its copy onto
+    the folder that is there.  Listing the directory revalidates it on NFS; where that is not enough, a
+    ``mkdir`` asks the server itself -- EEXIST: it is there, wait until this node sees it (torch then uses
+    it); created: nobody published it, so the empty probe is removed again and torch downloads.  Only lock
+    holders publish there, so nothing else appears meanwhile.
+    """
+    path = os.path.join(hub_dir, name)
+    os.listdir(hub_dir)
+    if os.path.lexists(path):
+        return
+    with Directory.open(hub_dir) as where:
+        try:
+            os.mkdir(name, 0o700, dir_fd=where.fd)
+        except FileExistsError:
+            wait_for(path, policy.wait_timeout, what=f"torch.hub repository {path}, published by another process")
+            return
+        # Relative to the directory held open, and rmdir removes only an empty directory: never anything else.
+        os.rmdir(name, dir_fd=where.fd)
 
 
 class TorchHubShim(Shim):

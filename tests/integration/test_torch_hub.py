@@ -4,6 +4,13 @@ Real torch, real processes, a local HTTP server on 127.0.0.1 that serves a check
 (as a busy mirror does) and counts the GETs.  Stock (``SHAREDFS_DISABLE=torch_hub``) every rank
 finds the file missing and downloads its own copy; with sharedfs one rank downloads and the others
 wait, then load that file.  Every rank loads the same tensors either way.
+
+``torch.hub.load('owner/repo', ...)`` (facebookresearch/dino#159, pytorch#68320): 8 ranks fetch a
+repository archive from a local server that answers as github.com does (the zipball, slowly, counted).
+Stock every rank downloads ``<hub>/main.zip``, extracts, removes it and moves its folder into place, and
+most crash on what another removed or moved; with sharedfs one downloads and the others use its folder.
+Also on a mount where one node's new folder stays hidden from the other for a while, and with
+``force_reload=True`` (each caller reloads, one at a time).
 """
 
 from __future__ import annotations
@@ -17,12 +24,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from helpers import require
 
 from sharedfs.testing import node_env
+from sharedfs.testing.hostilefs import HostileMount
 
 require("torch", "needs torch (scripts/requirements-test.txt)")
 
@@ -333,6 +341,23 @@ def test_eight_ranks_load_a_hub_repository_crashing_or_downloading_it_eight_time
         assert not [p.name for p in hub.iterdir() if p.name.endswith((".zip", ".partial"))]
         assert (hub / f"{OWNER}_{REPO}_main" / "hubconf.py").is_file()
     print(measured)
+
+
+def test_two_nodes_on_a_lagging_mount_fetch_a_hub_repository_once_with_sharedfs(
+        tmp_path: Path, github: GitHubServer, hostile_mount: Callable[..., HostileMount]) -> None:
+    """The hub on a mount that hides a node's new entries from the other node for 3 s (NFS's negative
+    lookups): after the lock, the folder the other node published is still "missing" here, and torch would
+    fetch it again and move its copy onto it.  Stock the ranks crash or fetch it several times; with sharedfs
+    a rank that cannot see the folder yet asks the server (mkdir: EEXIST) and waits to see it."""
+    mount = hostile_mount("lagging", lag_ms=3000)
+    stock_zipballs, stock = hub_load_on_ranks(Path(mount.path) / "stock", github, "stock", "1")
+    gets, shared = hub_load_on_ranks(Path(mount.path) / "sharedfs", github, "sharedfs", None)
+    print(f"lagging mount, 2 nodes: stock {stock_zipballs} downloads, {len(failures(stock))}/{RANKS} failed "
+          f"{sorted(set(failures(stock)))}; sharedfs {gets} download, {len(failures(shared))} failed")
+    assert stock_zipballs > 1 or failures(stock), "the nodes should have raced for the repository"
+    assert failures(shared) == []
+    assert gets == 1
+    assert [r["out"] for r in shared] == [EXPECTED] * RANKS
 
 
 def test_force_reload_on_eight_ranks_reloads_for_each_one_at_a_time_with_sharedfs(
