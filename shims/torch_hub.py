@@ -145,25 +145,29 @@ def see_published(hub_dir: str, name: str, policy: Policy) -> None:
         return
     with Directory.open(hub_dir) as where:
         try:
+            # Seen for a moment by a process without sharedfs as an empty folder; the trust check of another
+            # rank may count it, but this one's trust check has passed: the repository is trusted in this hub.
             os.mkdir(name, 0o700, dir_fd=where.fd)
         except FileExistsError:
             wait_for(path, policy.wait_timeout, what=f"torch.hub repository {path}, published by another process")
             return
+        except OSError:
+            return  # a hub nobody may write to, say: torch's own download fails as it would without sharedfs
         # Relative to the directory held open, and rmdir removes only an empty directory: never anything else.
         os.rmdir(name, dir_fd=where.fd)
 
 
 class TorchHubShim(Shim):
     name = "torch_hub"
-    # Imported by `import torch`: the bootstrap puts a stand-in for load_state_dict_from_url there (STAND_INS), so
-    # `import torch` loads nothing of sharedfs; its first call activates this shim.
+    # Imported by `import torch`: the bootstrap puts stand-ins for load_state_dict_from_url and _get_cache_or_reload
+    # there (STAND_INS), so `import torch` loads nothing of sharedfs; the first call of either activates this shim.
     target = "torch.hub"
     distribution = "torch"
     # load_state_dict_from_url checks os.path.exists and calls the module's download_url_to_file(url, dst,
     # hash_prefix, progress) in every release from 2.1; _get_cache_or_reload calls the module's
     # _check_repo_is_trusted(repo_owner, repo_name, owner_name_branch, ...) right before its os.path.exists
-    # look for the folder, since 1.12 (trust_repo).  Read in 2.13.0 and 2.15.0 (hub.py differs only in a
-    # docstring), tested with 2.13.0 and 2.15.0.
+    # look for the folder (older releases pass a calling_fn too: the wrappers pass every argument through).
+    # Read in 2.13.0 and 2.15.0 (hub.py differs only in a docstring), tested with both.
     supported = ">=2.1,<3"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:

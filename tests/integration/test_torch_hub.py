@@ -316,7 +316,7 @@ def failures(results: list[dict[str, object]]) -> list[str]:
 
 #: The output of the hubconf's model for torch.ones(1, 8): sum over rows r of (sum_c (8r+c)/32 + 0.5).
 EXPECTED = sum(sum(8 * r + c for c in range(8)) / 32 + 0.5 for r in range(4))
-TRIALS = 1  # two trials measured the same (8 downloads and 7 of 8 failed stock; 1 and 0): one keeps it short
+TRIALS = 1  # two trials measured alike (8 downloads, 7 of 8 failing stock; 1 and 0): one keeps it short
 
 
 def test_eight_ranks_load_a_hub_repository_crashing_or_downloading_it_eight_times_stock_and_once_with_sharedfs(
