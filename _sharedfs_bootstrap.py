@@ -66,15 +66,16 @@ TARGETS = {
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:
-#: module -> (shim name, class attribute).  On import the class gets a stand-in
+#: module -> (shim name, class or function attribute, ...).  On import the class gets a stand-in
 #: (:mod:`sharedfs.machinery.standin`, stdlib only) and sharedfs itself -- pluggy, the plugins, the
 #: policy -- loads on the first lock, not at the import (a quarter of `from huggingface_hub
 #: import hf_hub_download`).  Any SHAREDFS_DISABLE value takes the eager path instead.
 STAND_INS = {
     "huggingface_hub.utils._fixes": ("huggingface_hub", "FileLock"),
     "huggingface_hub.utils._shared_blobs": ("huggingface_hub", "FileLock"),  # hub 2.x xet blob store
-    # `import torch` imports torch.hub: a stand-in function, so that it loads nothing of sharedfs.
-    "torch.hub": ("torch_hub", "load_state_dict_from_url"),
+    # `import torch` imports torch.hub: stand-in functions, so that it loads nothing of sharedfs.
+    # _get_cache_or_reload: what torch.hub.load / list / help call for a GitHub repository.
+    "torch.hub": ("torch_hub", "load_state_dict_from_url", "_get_cache_or_reload"),
 }
 
 #: The module names watched while installed (the table's, plus third-party shims' targets).

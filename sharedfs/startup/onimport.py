@@ -123,14 +123,16 @@ def _pending(names: set[str]) -> bool:
     return True
 
 
-def _stand_in(module_name: str, shim: str, attr: str) -> bool:
+def _stand_in(module_name: str, shim: str, *attrs: str) -> bool:
     from os import environ
 
     if _bootstrap.DISABLE in environ:  # any value: let the policy read it (a shim list, or a malformed value)
         return False
     from sharedfs.machinery.standin import install
 
-    return install(sys.modules[module_name], attr, shim, lambda: _activate_for(shim))
+    # Each attribute gets its stand-in (the first call of any of them activates the shim); a list, not a
+    # generator: all are tried, as the shim replaces all of them.
+    return all([install(sys.modules[module_name], attr, shim, lambda: _activate_for(shim)) for attr in attrs])
 
 
 def _activate_for(shim: str) -> None:
