@@ -120,7 +120,7 @@ def test_the_ways_a_shim_is_applied_are_the_code_tables() -> None:
 
     ways = ways_table(text())
     assert set(ways) == {"at once", "stand-in", "pending guard", "follower", "companion"}
-    assert ways["stand-in"] == {shim for shim, _attr in _sharedfs_bootstrap.STAND_INS.values()}
+    assert ways["stand-in"] == {shim for shim, *_attrs in _sharedfs_bootstrap.STAND_INS.values()}
     assert ways["pending guard"] == set(PENDING)
     assert ways["follower"] == set(FOLLOWERS)
     assert ways["companion"] == set(COMPANIONS)
