@@ -17,13 +17,18 @@ import _sharedfs_bootstrap as _bootstrap
 #: True while a stand-in activates its shim: imports made meanwhile take the eager path.
 _resolving = False
 
-#: Built-in shims that only act on what another shim claimed: the DataLoader worker cap ("torch")
-#: touches only datasets that a framework shim (webdataset, wids) registered.  Importing their
-#: target alone does not load sharedfs -- ``import torch`` would pay ~20 ms (1.5 %) for a patch
-#: that cannot act -- they are applied right after the first activation that does load it (the
-#: claiming shim's), or at once when it is loaded already.  Not while a third-party plugin is
-#: installed: its shims may target the same module, and only loading sharedfs tells.
-FOLLOWERS = frozenset({"torch"})
+#: Built-in shims whose target's import alone does not load sharedfs: they are applied right after
+#: the first activation that does load it, or at once when it is loaded already.  Not while a
+#: third-party plugin is installed: its shims may target the same module, and only loading sharedfs tells.
+#:
+#: * ``torch``: the DataLoader worker cap touches only datasets that a framework shim (webdataset,
+#:   wids) registered -- ``import torch`` would pay ~20 ms (1.5 %) for a patch that cannot act.
+#: * ``mmengine``: what it patches (``mkdir_or_exist``, the local file backend's ``put``, the hook
+#:   registry) is used by the runner, whose import applies the sibling shims ``mmengine.runner`` /
+#:   ``mmengine.hooks`` (``mmengine.runner`` imports ``mmengine.hooks.checkpoint_hook``), which load
+#:   sharedfs: this one is applied right then, before any ``Runner`` exists.  ``import mmengine``
+#:   alone (~0.2 s since 0.10.7 stopped importing torch) would pay ~7 % for loading sharedfs.
+FOLLOWERS = frozenset({"torch", "mmengine"})
 #: Built-in shims whose patch acts only on an error path: importing their target alone does not load
 #: sharedfs either (``import torch`` imports ``torch.distributed``, the ``makedirs`` shim's target), it
 #: puts stdlib-only pending guards in place, which activate the shim at their first error that could

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -147,3 +148,44 @@ def test_resume_on_lagging_fs_every_rank_resumes_from_the_same_complete_checkpoi
     for name in ("iter_2.pth", "iter_4.pth", "iter_6.pth"):  # every published checkpoint is complete
         assert torch.load(backing / "fixed" / name, map_location="cpu", weights_only=False)["meta"]["iter"] > 0
     assert not [p for p in os.listdir(backing / "fixed") if p.endswith(".tmp")]
+
+
+LAZY = """
+import json, sys
+import mmengine
+
+
+def seen():
+    from mmengine.fileio.backends.local_backend import LocalBackend
+    from mmengine.registry import HOOKS
+
+    return {"sharedfs loaded": "sharedfs.startup.activation" in sys.modules,
+            "mkdir_or_exist patched": hasattr(mmengine.mkdir_or_exist, "__wrapped__"),
+            "put patched": hasattr(LocalBackend.put, "__wrapped__"),
+            "SharedFSHook registered": "SharedFSHook" in HOOKS._module_dict}
+
+
+at_import = seen()
+from mmengine.runner import Runner  # what a training script imports next
+import mmengine.runner.runner as runner_module
+
+after_runner = seen()
+after_runner["runner binds the patched mkdir_or_exist"] = (
+    runner_module.mmengine.mkdir_or_exist is sys.modules["mmengine.utils"].mkdir_or_exist
+    is sys.modules["mmengine.utils.path"].mkdir_or_exist)
+print(json.dumps({"at_import": at_import, "after_runner": after_runner}))
+"""
+
+
+def test_import_mmengine_loads_nothing_of_sharedfs_until_the_runner(tmp_path: Path) -> None:
+    """``import mmengine`` alone loads nothing of sharedfs (since mmengine 0.10.7 stopped importing torch,
+    loading it there cost ~7 % of that import); importing the runner applies the ``mmengine`` shim with its
+    siblings, so ``mkdir_or_exist``, the checkpoint backend and ``SharedFSHook`` are in place before any
+    ``Runner`` exists, for a program that imported mmengine first."""
+    out = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=240,
+                         env=clean_env({"SHAREDFS_CACHE_ROOT": str(tmp_path)}), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["at_import"] == {"sharedfs loaded": False, "mkdir_or_exist patched": False, "put patched": False,
+                                 "SharedFSHook registered": False}, seen
+    assert all(seen["after_runner"].values()), seen
