@@ -163,8 +163,11 @@ def test_ctrl_c_ends_a_command_in_one_line(tmp_path: Path) -> None:
     import time
 
     env = clean_env({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_NODES": "2", "SHAREDFS_NODE_ID": "a"})
+    # As at a terminal: Ctrl-C's default action.  A runner started in the background (`make test &`,
+    # nohup) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen([sys.executable, "-m", "sharedfs", "doctor", "--cross-node", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not any(tmp_path.glob(".sharedfs-crossnode-42.*/*")):  # it has met the rendezvous: now it waits
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
