@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from typing import NamedTuple
 
@@ -21,8 +22,8 @@ from sharedfs.errors import UnsafeDirectoryError
 from sharedfs.machinery import runtime
 from sharedfs.model.policy import Policy
 
-__all__ = ["DIR_FLAGS", "Root", "at", "job_id", "node_local_root", "open_private", "open_root", "root_of",
-           "user_dir_name"]
+__all__ = ["DIR_FLAGS", "Root", "at", "job_id", "made_for_uid", "node_local_root", "open_private", "open_root",
+           "root_of", "user_dir_name"]
 
 #: Opening a directory someone else may have replaced: never follow a symlink, never block (a FIFO answers
 #: ENOTDIR at once), never leak into a child program.
@@ -68,6 +69,18 @@ def job_id() -> str:
 
 def user_dir_name(uid: int) -> str:
     return f"sharedfs-{uid}"
+
+
+def made_for_uid(path: str) -> int | None:
+    """The uid whose ``<root>/sharedfs-<uid>/<job>/<name>`` ``path`` is, or None for a path of another layout.
+
+    A process that runs as another user (``su``, ``setpriv``, ``subprocess.run(user=...)``) inherits
+    the variables its parent exported for its own node-local directories, which are 0700: the child
+    must not take them for the user's own setting (:mod:`sharedfs.startup.placedcaches`).
+    """
+    parts = os.path.normpath(path).split(os.sep)
+    found = re.fullmatch(r"sharedfs-([0-9]+)", parts[-3]) if len(parts) >= 4 and os.path.isabs(path) else None
+    return int(found.group(1)) if found else None
 
 
 def at(fd: int, name: str) -> str:

@@ -1,0 +1,53 @@
+"""One rank of a job loading remote-code models that are updated while it loads them.
+
+``python modupdateworker.py SYNC DELAY TARGET...``: imports transformers, then for each target (a hub repo
+id or a local model directory) waits for ``SYNC/go-<i>`` (the test starts every rank's trial at once) and
+``DELAY`` seconds more (the test starts the ranks in two waves, the model updated between them), loads
+``AutoConfig.from_pretrained(target, trust_remote_code=True)`` and prints one JSON line per target: the
+version the configuration module and its relatively imported helpers declare (``VERSION``) and the
+module's name (its directory in ``HF_MODULES_CACHE``), or the exception's type and message.  The test checks that each rank got one version, whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def main() -> int:
+    sync, delay, targets = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+    from transformers import AutoConfig
+
+    rank = os.environ.get("SHAREDFS_TEST_INDEX", "0")
+    for i, target in enumerate(targets):
+        (sync / f"ready-{i}-{rank}").touch()
+        deadline = time.monotonic() + 120
+        while not (sync / f"go-{i}").exists():
+            if time.monotonic() > deadline:
+                print(json.dumps({"target": target, "ok": False, "error": "TimeoutError", "message": "no go"}),
+                      flush=True)
+                return 1
+            time.sleep(0.002)
+        time.sleep(delay)
+        try:
+            config = AutoConfig.from_pretrained(target, trust_remote_code=True)
+            module = sys.modules[type(config).__module__]
+            helpers = sys.modules[module.__name__.rsplit(".", 1)[0] + ".helpers"]
+            seen = {"config": module.VERSION, "helpers": helpers.VERSION, "size": config.hidden_size,
+                    "module": module.__name__}
+        except Exception as exc:  # noqa: BLE001 - every failure is reported and counted by the test
+            where = traceback.extract_tb(exc.__traceback__)[-3:]
+            print(json.dumps({"target": target, "ok": False, "error": type(exc).__name__,
+                              "message": str(exc)[:300],
+                              "where": [f"{f.filename}:{f.lineno} {f.name}" for f in where]}), flush=True)
+        else:
+            print(json.dumps({"target": target, "ok": True, **seen}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
