@@ -69,7 +69,7 @@ def admin(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedPro
 def users_unavailable() -> str | None:
     """Why :func:`group_of_users` cannot run here, or None."""
     if os.geteuid() != 0:
-        return "throwaway users need root (useradd)"
+        return "needs root to create throwaway users (useradd)"
     for tool in ("useradd", "userdel", "groupadd", "groupdel", "setfacl"):
         if shutil.which(tool) is None:
             return f"{tool} not found (apt-get install passwd acl)"

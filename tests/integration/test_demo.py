@@ -303,7 +303,7 @@ def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) ->
                                         "Dataset from a node-local cache sent to another node",
                                         *TORCH_WITHOUT_FUSE}
     assert all(s["fixed"] or s["fixed_upstream"] for s in ran), ran
-    assert all("needs FUSE" in s["skipped"] or s["skipped"].startswith("needs root to create two throwaway users")
+    assert all("needs FUSE" in s["skipped"] or s["skipped"].startswith("needs root to create throwaway users")
                for s in report["scenarios"] if s["skipped"])
 
 

@@ -46,7 +46,7 @@ from helpers import HELPERS, require
 from sharedfs.testing import node_env
 
 # Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest_plugin import hostile_mount  # noqa: F401
+from sharedfs.testing.pytest.plugin import hostile_mount  # noqa: F401
 
 require("transformers", "needs transformers==5.24.0 (scripts/requirements-test.txt)")
 
