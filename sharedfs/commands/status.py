@@ -181,7 +181,8 @@ def _shim_state(shim: dict[str, Any]) -> str:
         return (f"applies on `import {shim['target']}` at the first error that could be a shared filesystem's lag "
                 "(stdlib-only wrappers until then), or with any other shim")
     if shim.get("follower"):
-        return f"applies on `import {shim['target']}` once another shim is applied (that import alone loads nothing of sharedfs)"
+        return (f"applies on `import {shim['target']}` once another shim is applied "
+                "(that import alone loads nothing of sharedfs)")
     return f"applies on `import {shim['target']}`"
 
 
