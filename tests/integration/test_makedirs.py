@@ -99,10 +99,12 @@ def test_a_parent_another_node_just_made_is_waited_for_inside_os_makedirs_with_e
     """``os.makedirs(run/sub)``, ``run`` just made on another node: os.makedirs swallows the parent's EEXIST
     (``exist_ok=False`` is passed down) and fails on ``sub`` with FileNotFoundError; the guard waits for the
     parent it swallowed instead (the only lag the child's error can be), and the call makes ``sub``."""
-    mount = hostile_mount("lagging", lag_ms=LAG_MS)
-    (Path(mount.path) / "run").mkdir()  # made by this process: node "local", not n1
-    stock = _other_node(Path(mount.path) / "run" / "sub", "os, exist_ok=False", {"SHAREDFS_DISABLE": "1"})
+    # Stock: a lag longer than the child can take to start on a loaded machine (a 3 s lag could end first).
+    hidden = hostile_mount("lagging", lag_ms=60_000)
+    (Path(hidden.path) / "run").mkdir()  # made by this process: node "local", not n1
+    stock = _other_node(Path(hidden.path) / "run" / "sub", "os, exist_ok=False", {"SHAREDFS_DISABLE": "1"})
     assert stock["type"] == "FileNotFoundError" and stock["notes"] == [], stock
+    mount = hostile_mount("lagging", lag_ms=LAG_MS)  # with the guard: a lag it waits out
     (Path(mount.path) / "again").mkdir()
     guarded = _other_node(Path(mount.path) / "again" / "sub", "os, exist_ok=False", {"SHAREDFS_WAIT_TIMEOUT": "120"})
     assert guarded == {"type": "ok", "isdir": True}, guarded

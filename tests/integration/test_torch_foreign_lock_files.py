@@ -59,23 +59,29 @@ POLLER = textwrap.dedent("""
     import json, os, sys, threading, time
     mount, backing, stop = sys.argv[1:4]
     seen = {"mount": [0, 0, 0], "backing": [0, 0, 0]}
+    why = {"mount": [], "backing": []}  # the errno of each missed look (torch's exists() is False on any error)
     def poll(key, path, pause):
         absent = 0
         while not os.path.exists(stop):
             seen[key][0] += 1
-            if not os.path.lexists(path):
+            try:
+                os.lstat(path)
+            except OSError as exc:
+                why[key].append(exc.errno)
                 absent += 1
-            elif absent:
-                seen[key][1] += 1
-                seen[key][2] += absent
-                absent = 0
+            else:
+                if absent:
+                    seen[key][1] += 1
+                    seen[key][2] += absent
+                    absent = 0
             time.sleep(pause)
     threads = [threading.Thread(target=poll, args=("mount", mount, 0.0)),
                threading.Thread(target=poll, args=("backing", backing, 0.002))]
     for t in threads: t.start()
     print("polling", flush=True)
     for t in threads: t.join()
-    print(json.dumps({k: {"looks": v[0], "gaps": v[1], "absent": v[2]} for k, v in seen.items()}), flush=True)
+    print(json.dumps({k: {"looks": v[0], "gaps": v[1], "absent": v[2], "errnos": sorted(set(why[k]))}
+                      for k, v in seen.items()}), flush=True)
 """)
 
 #: A stock load() (SHAREDFS_DISABLE=1) that says when it is about to wait for the baton.
