@@ -56,7 +56,8 @@ def forbidden() -> list[str]:
                                                                                            "sharedfs.shims"]
         return list(contract["forbidden_modules"])
     block = text[text.index(f'name = "{CONTRACT}"'):]
-    block = block[block.index("forbidden_modules = ["):block.index("]")]
+    block = block[block.index("forbidden_modules = ["):]
+    block = block[:block.index("]")]
     return re.findall(r'"([\w.]+)"', block)
 
 
