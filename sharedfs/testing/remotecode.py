@@ -9,7 +9,9 @@ the class it defines comes last, so a module read short lacks it.
 Run as a module, it is one rank of a job: ``python -m sharedfs.testing.remotecode SYNC REPO...``.  It
 imports transformers, then for each repo waits for ``SYNC/go-<i>`` (the test starts every rank's load at once), loads
 ``AutoConfig.from_pretrained(repo, trust_remote_code=True)`` and prints one JSON line per repo:
-``{"repo": ..., "ok": true}`` or the exception's type and message.
+``{"repo": ..., "ok": true}`` or the exception's type and message.  With ``SHAREDFS_TEST_STAGGER_MS=N`` rank
+``i`` (``SHAREDFS_TEST_INDEX``) starts its load ``i * N`` ms after the go: ranks that arrive one after another,
+as on a real job, rather than all at once (where every node writes its copy in the same instant).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main() -> int:
     from transformers import AutoConfig
 
     rank = os.environ.get("SHAREDFS_TEST_INDEX", "0")
+    stagger = int(rank) * float(os.environ.get("SHAREDFS_TEST_STAGGER_MS", "0")) / 1000
     for i, repo in enumerate(repos):
         (sync / f"ready-{i}-{rank}").touch()
         deadline = time.monotonic() + 120
@@ -75,6 +78,7 @@ def main() -> int:
                       flush=True)
                 return 1
             time.sleep(0.002)
+        time.sleep(stagger)
         try:
             config = AutoConfig.from_pretrained(repo, trust_remote_code=True)
             assert config.hidden_size == 8 * 2 + 3, config.hidden_size

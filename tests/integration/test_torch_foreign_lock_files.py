@@ -14,6 +14,12 @@ filesystem shares), so no poller ever sees it absent.
 The evidence is counted, not raced: a poller process looks at the baton's name through the
 mount (what torch sees, 20 ms per lookup as on a loaded metadata server) and at the backing
 directory (every few milliseconds), from the dead builder's baton to the new builder's release.
+Through the mount it looks the name up (``open(O_PATH)``) rather than ``stat`` it: a path-based FUSE
+daemon (libfuse's high-level API, which hostilefs uses) answers the ``GETATTR`` of a stat that
+reached the inode a rename has just replaced with ENOENT, as it cannot name an inode it unlinked,
+so a stat there finds a plain ``rename(2)`` "missing" about once per rename.  No kernel filesystem
+does: a local one answers with the old inode, NFS answers ESTALE and the kernel looks the name up
+again (``retry_estale``).
 First the takeover sharedfs did before the rule (remove, then create: the poller sees the name
 absent, and the stock waiter loads the half-written module and dies), then sharedfs's own (never
 absent; the stock waiter loads the extension the new builder finished).
@@ -65,7 +71,10 @@ POLLER = textwrap.dedent("""
         while not os.path.exists(stop):
             seen[key][0] += 1
             try:
-                os.lstat(path)
+                if key == "mount":  # a lookup: see the module's docstring (libfuse's stat of a replaced inode)
+                    os.close(os.open(path, os.O_PATH | os.O_NOFOLLOW))
+                else:
+                    os.lstat(path)
             except OSError as exc:
                 why[key].append(exc.errno)
                 absent += 1
