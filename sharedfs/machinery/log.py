@@ -21,6 +21,8 @@ def decision(message: str, *, level: int = logging.INFO, every_rank: bool = Fals
     if message in _said:
         return
     _said.add(message)
+    if not log.isEnabledFor(level):
+        return  # nobody listens (the default level): asking the plugins who we are would be wasted work
     if not every_rank:
         try:
             if not runtime.identity().is_node_leader:
