@@ -10,7 +10,11 @@ environment, so the only difference is sharedfs.
   (ABBA); the ratio is the median of per-pair ratios.  Goal <= 1.05.  The note gives the
   CPU-time ratio, which a loaded machine disturbs less.
   Also counted under callgrind (user-space instructions, which repeat exactly on a noisy
-  machine; system calls are not in that figure).
+  machine; system calls are not in that figure); goal <= 1.03.  What sharedfs adds there
+  (about 1,550 Python calls): the map's own lock (``Dataset.map`` runs behind one, which stock
+  datasets has not: the plugins' choice for a new directory, the acquire and the release) and
+  datasets' two locks taken through sharedfs's kinds.  filelock's model of the lock class's
+  constructor (~475 calls, once per process) is made when the shim applies, not in the first map.
 * **cold**: N processes (default 8) released at the same moment prepare the same dataset into
   one empty cache; wall time from release to the last process done, against one process
   preparing alone.  With sharedfs one rank prepares and maps, the others wait and load.
@@ -110,7 +114,7 @@ def warm(data: Path, work: Path, runs: int, count: bool = True) -> list[dict]:
     if counted is not None:
         ours_i, theirs_i = counted
         rows.append(row("warm load_dataset + cached map, instructions (callgrind), vs SHAREDFS_DISABLE=1", ours_i,
-                        theirs_i, "instr", "<= 1.05", at_most(ours_i / theirs_i, 1.05), ratio=ours_i / theirs_i,
+                        theirs_i, "instr", "<= 1.03", at_most(ours_i / theirs_i, 1.03), ratio=ours_i / theirs_i,
                         note=f"sharedfs adds {ours_i - theirs_i:,} instructions (system calls not counted: the wall "
                              "figure has them); each side: the process with the calls minus the process without, "
                              "both from a full collection (gc.collect) after the import"))
