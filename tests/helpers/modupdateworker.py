@@ -1,11 +1,12 @@
 """One rank of a job loading remote-code models that are updated while it loads them.
 
-``python modupdateworker.py SYNC DELAY TARGET...``: imports transformers, then for each target (a hub repo
-id or a local model directory) waits for ``SYNC/go-<i>`` (the test starts every rank's trial at once) and
-``DELAY`` seconds more (the test starts the ranks in two waves, the model updated between them), loads
-``AutoConfig.from_pretrained(target, trust_remote_code=True)`` and prints one JSON line per target: the
-version the configuration module and its relatively imported helpers declare (``VERSION``) and the
-module's name (its directory in ``HF_MODULES_CACHE``), or the exception's type and message.  The test checks that each rank got one version, whole.
+``python modupdateworker.py SYNC WAVE DELAY TARGET...``: imports transformers, then for each target (a hub
+repo id or a local model directory) waits for ``SYNC/go-<i>`` (wave 1) or ``SYNC/updated-<i>`` (wave 2: the test
+updates the model once wave 1 has loaded it) and ``DELAY`` seconds more (the ranks of a wave arrive one after
+another), loads ``AutoConfig.from_pretrained(target, trust_remote_code=True)``, says so in ``SYNC/done-<i>-<rank>``
+and prints one JSON line per target: the version the configuration module and its relatively imported helpers
+declare (``VERSION``) and the module's name (its directory in ``HF_MODULES_CACHE``), or the exception's type and
+message.  The test checks that each rank got one version, whole.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from pathlib import Path
 
 
 def main() -> int:
-    sync, delay, targets = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+    sync, wave, delay, targets = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+    start = "go" if wave == "1" else "updated"
     from transformers import AutoConfig
 
     rank = os.environ.get("SHAREDFS_TEST_INDEX", "0")
     for i, target in enumerate(targets):
         (sync / f"ready-{i}-{rank}").touch()
-        deadline = time.monotonic() + 120
-        while not (sync / f"go-{i}").exists():
+        deadline = time.monotonic() + 300
+        while not (sync / f"{start}-{i}").exists():
             if time.monotonic() > deadline:
                 print(json.dumps({"target": target, "ok": False, "error": "TimeoutError", "message": "no go"}),
                       flush=True)
@@ -46,6 +48,7 @@ def main() -> int:
                               "where": [f"{f.filename}:{f.lineno} {f.name}" for f in where]}), flush=True)
         else:
             print(json.dumps({"target": target, "ok": True, **seen}), flush=True)
+        (sync / f"done-{i}-{rank}").touch()
     return 0
 
 
