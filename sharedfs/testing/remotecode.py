@@ -63,6 +63,26 @@ def make_repo(hub_cache: Path, repo: str, model_type: str | None = None) -> str:
     return commit
 
 
+def await_trial(sync: Path, trial: int, report: dict[str, str], start: str = "go", seconds: float = 120) -> bool:
+    """Say this rank is ready for ``trial``, then wait for ``SYNC/<start>-<trial>`` (looked for every 2 ms: a trial's
+    ranks start together); False, reported as ``report`` + a TimeoutError line, when it did not come in ``seconds``."""
+    (sync / f"ready-{trial}-{os.environ.get('SHAREDFS_TEST_INDEX', '0')}").touch()
+    deadline = time.monotonic() + seconds
+    while not (sync / f"{start}-{trial}").exists():
+        if time.monotonic() > deadline:
+            print(json.dumps({**report, "ok": False, "error": "TimeoutError", "message": f"no {start}"}), flush=True)
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def failure(exc: BaseException) -> dict[str, object]:
+    """A failed load as a rank reports it: the exception's type and message, and the last frames it came through."""
+    where = traceback.extract_tb(exc.__traceback__)[-3:]
+    return {"ok": False, "error": type(exc).__name__, "message": str(exc)[:300],
+            "where": [f"{f.filename}:{f.lineno} {f.name}" for f in where]}
+
+
 def main() -> int:
     sync, repos = Path(sys.argv[1]), sys.argv[2:]
     from transformers import AutoConfig
@@ -70,22 +90,14 @@ def main() -> int:
     rank = os.environ.get("SHAREDFS_TEST_INDEX", "0")
     stagger = int(rank) * float(os.environ.get("SHAREDFS_TEST_STAGGER_MS", "0")) / 1000
     for i, repo in enumerate(repos):
-        (sync / f"ready-{i}-{rank}").touch()
-        deadline = time.monotonic() + 120
-        while not (sync / f"go-{i}").exists():
-            if time.monotonic() > deadline:
-                print(json.dumps({"repo": repo, "ok": False, "error": "TimeoutError", "message": "no go"}),
-                      flush=True)
-                return 1
-            time.sleep(0.002)
+        if not await_trial(sync, i, {"repo": repo}):
+            return 1
         time.sleep(stagger)
         try:
             config = AutoConfig.from_pretrained(repo, trust_remote_code=True)
             assert config.hidden_size == 8 * 2 + 3, config.hidden_size
         except Exception as exc:  # noqa: BLE001 - every failure is reported and counted by the test
-            where = traceback.extract_tb(exc.__traceback__)[-3:]
-            print(json.dumps({"repo": repo, "ok": False, "error": type(exc).__name__, "message": str(exc)[:300],
-                              "where": [f"{f.filename}:{f.lineno} {f.name}" for f in where]}), flush=True)
+            print(json.dumps({"repo": repo, **failure(exc)}), flush=True)
         else:
             print(json.dumps({"repo": repo, "ok": True}), flush=True)
     return 0

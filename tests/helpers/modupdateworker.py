@@ -15,8 +15,9 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
+
+from sharedfs.testing.remotecode import await_trial, failure
 
 
 def main() -> int:
@@ -26,14 +27,8 @@ def main() -> int:
 
     rank = os.environ.get("SHAREDFS_TEST_INDEX", "0")
     for i, target in enumerate(targets):
-        (sync / f"ready-{i}-{rank}").touch()
-        deadline = time.monotonic() + 300
-        while not (sync / f"{start}-{i}").exists():
-            if time.monotonic() > deadline:
-                print(json.dumps({"target": target, "ok": False, "error": "TimeoutError", "message": "no go"}),
-                      flush=True)
-                return 1
-            time.sleep(0.002)
+        if not await_trial(sync, i, {"target": target}, start, 300):
+            return 1
         time.sleep(delay)
         try:
             config = AutoConfig.from_pretrained(target, trust_remote_code=True)
@@ -42,10 +37,7 @@ def main() -> int:
             seen = {"config": module.VERSION, "helpers": helpers.VERSION, "size": config.hidden_size,
                     "module": module.__name__}
         except Exception as exc:  # noqa: BLE001 - every failure is reported and counted by the test
-            where = traceback.extract_tb(exc.__traceback__)[-3:]
-            print(json.dumps({"target": target, "ok": False, "error": type(exc).__name__,
-                              "message": str(exc)[:300],
-                              "where": [f"{f.filename}:{f.lineno} {f.name}" for f in where]}), flush=True)
+            print(json.dumps({"target": target, **failure(exc)}), flush=True)
         else:
             print(json.dumps({"target": target, "ok": True, **seen}), flush=True)
         (sync / f"done-{i}-{rank}").touch()

@@ -25,11 +25,11 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import ranks as ranks_helper
 from helpers import require
 from helpers.shardcache_support import group_of_users, scratch
 
@@ -163,24 +163,10 @@ def load_on_nodes(mount_path: Path, backing: Path, hub: Path, sync: Path, repos:
              for i, node in enumerate(NODES)]
     try:
         for trial in range(len(repos)):
-            deadline = time.monotonic() + 300
-            while len(list(sync.glob(f"ready-{trial}-*"))) < len(ranks):
-                assert all(r.poll() is None for r in ranks), [r.communicate() for r in ranks if r.poll() is not None]
-                assert time.monotonic() < deadline, "ranks never got ready"
-                time.sleep(0.01)
-            (sync / f"go-{trial}").touch()
-        results = []
-        for rank in ranks:
-            out, err = rank.communicate(timeout=300)
-            lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            assert len(lines) == len(repos), err[-3000:]
-            results += lines
-        return results
+            ranks_helper.go(sync, ranks, trial)
+        return ranks_helper.results(ranks, len(repos))
     finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-                rank.wait()
+        ranks_helper.end(ranks)
 
 
 def test_twelve_ranks_on_three_nfs_nodes_import_a_module_being_written_stock_and_never_with_sharedfs(

@@ -36,12 +36,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from helpers import HELPERS, require
+from helpers import ranks as ranks_helper
 
 from sharedfs.testing import node_env
 
@@ -164,36 +164,17 @@ class Job:
                  for i, node in enumerate(NODES)]
         try:
             for trial, target in enumerate(targets):
-                deadline = time.monotonic() + 300
-                while len(list(sync.glob(f"ready-{trial}-*"))) < len(ranks):
-                    assert all(r.poll() is None for r in ranks), \
-                        [r.communicate() for r in ranks if r.poll() is not None]
-                    assert time.monotonic() < deadline, "ranks never got ready"
-                    time.sleep(0.01)
-                (sync / f"go-{trial}").touch()
+                deadline = ranks_helper.go(sync, ranks, trial)
                 # The update lands once the first wave has loaded the old version (a rank reading the model while
                 # it is replaced file by file would hash a mix of both, whatever the module cache does), and the
                 # second wave starts on it.
-                while len(list(sync.glob(f"done-{trial}-*"))) < half:
-                    gone = [r for i, r in enumerate(ranks[:half])
-                            if r.poll() is not None and not (sync / f"done-{trial}-{i}").exists()]
-                    assert not gone, [r.communicate() for r in gone]
-                    assert time.monotonic() < deadline, "the first wave never loaded the old version"
-                    time.sleep(0.01)
+                ranks_helper.wait_for_files(sync, f"done-{trial}-*", half, ranks[:half],
+                                            "first-wave ranks done with the old version", deadline)
                 self.write(target, "v2")
                 (sync / f"updated-{trial}").touch()
-            results = []
-            for rank in ranks:
-                out, err = rank.communicate(timeout=600)
-                lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-                assert len(lines) == len(targets), err[-3000:]
-                results += lines
-            return results
+            return ranks_helper.results(ranks, len(targets), timeout=600)
         finally:
-            for rank in ranks:
-                if rank.poll() is None:
-                    rank.kill()
-                    rank.wait()
+            ranks_helper.end(ranks)
 
     def whole(self, result: dict[str, object]) -> bool:
         """Whether a rank's module is one version, whole (hub: the commit its directory is named for)."""
