@@ -13,8 +13,8 @@ environment, so the only difference is sharedfs.
   machine; system calls are not in that figure); goal <= 1.03.  What sharedfs adds there
   (about 1,550 Python calls): the map's own lock (``Dataset.map`` runs behind one, which stock
   datasets has not: the plugins' choice for a new directory, the acquire and the release) and
-  datasets' two locks taken through sharedfs's kinds.  filelock's model of the lock class's
-  constructor (~475 calls, once per process) is made when the shim applies, not in the first map.
+  datasets' two locks taken through sharedfs's kinds; ~475 of the calls are filelock's model of the
+  map lock's class constructor, built once per process on its first instance.
 * **cold**: N processes (default 8) released at the same moment prepare the same dataset into
   one empty cache; wall time from release to the last process done, against one process
   preparing alone.  With sharedfs one rank prepares and maps, the others wait and load.

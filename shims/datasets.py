@@ -139,9 +139,6 @@ class DatasetsShim(Shim):
     def _patch_map(self, dataset_cls: type, policy: Policy) -> None:
         original = dataset_cls.__dict__["map"]
         self.patcher.setattr(dataset_cls, "map", make_locked_map(original, policy))
-        # filelock models a lock class's constructor on its first instance (~475 Python calls, once per
-        # process): made now, with the shim, instead of inside the job's first map.  No file is touched.
-        lock(os.path.join(os.sep, "sharedfs-unused", "map.lock"), policy=policy)
 
     # -- the multi-node pickle trap -----------------------------------------------------------
 
