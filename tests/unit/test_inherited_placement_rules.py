@@ -1,6 +1,6 @@
 """A placed cache variable naming another user's node-local directory is an inherited export, not a setting.
 
-The process that runs as another user is in tests/system/test_inherited_placement.py; here, the
+The process that runs as another user is in tests/integration/test_inherited_placement.py; here, the
 decision and its undoing in one process.
 """
 
