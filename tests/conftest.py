@@ -22,13 +22,20 @@ collect_ignore = ["upstream"]
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each test's xdist_group into its node id, as pytest-xdist 3.8 means to under --dist loadgroup.
+    """The tests marked ``long`` first; then each test's xdist_group in its node id.
+
+    pytest-xdist hands each worker the next test (or group) in collection order as it frees up: a test
+    of several minutes that starts when the rest are nearly done runs alone at the end, one worker busy
+    and the others idle.  Started first, it runs while the short tests fill the other workers.
+
+    Put each test's xdist_group into its node id, as pytest-xdist 3.8 means to under --dist loadgroup.
 
     xdist appends ``@<group>`` to ``item._nodeid`` in each worker, and its scheduler keeps the tests
     of a group on one worker by that suffix; pytest 9.2 keeps the id in ``item._id`` and ignores
     ``_nodeid``, so every xdist_group was silently spread over all workers.  Only where xdist
     did not (an older pytest already has the suffix).
     """
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if not getattr(config.option, "loadgroup", False):
         return
     try:

@@ -110,6 +110,7 @@ def test_run_all_finds_each_benchmarks_timeout_and_quick_arguments() -> None:
     assert run_all.quick_args(BENCH / "scale.py")  # scale.py has its own knobs
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_quick_memory_leak_check_prints_schema_rows() -> None:
     out = subprocess.run([sys.executable, str(BENCH / "memory.py"), "--json", "--no-rss", "--cycles", "2000"],

@@ -312,6 +312,7 @@ WAITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long
 def test_a_waiter_breaking_a_dead_marker_under_a_swapped_parent_removes_nothing_else(people, before) -> None:
     root, alice, bob = people
     lost = {}

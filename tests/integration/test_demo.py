@@ -70,6 +70,7 @@ OLMO_CORE_VENV = pytest.mark.xdist_group("olmo-core-venv")
 OWNED_ELSEWHERE = ("6 ranks makedirs on a lagging filesystem", "rank 0 made a dir, other node waits 10 s (OLMo-core)")
 
 
+@pytest.mark.long
 def test_every_scenario_fails_without_sharedfs_and_works_with_it() -> None:
     chosen = [s.name for s in scenarios.SCENARIOS if s.name not in OWNED_ELSEWHERE]
     assert len(chosen) == len(scenarios.SCENARIOS) - len(OWNED_ELSEWHERE)
@@ -289,6 +290,7 @@ def throwaway_user():
         admin(["userdel", "--remove", name], check=False)
 
 
+@pytest.mark.long
 def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) -> None:
     proc = subprocess.run(["runuser", "-u", throwaway_user, "--", sys.executable, "-m", "sharedfs", "demo", "--json",
                            "--no-fuse"], check=False, capture_output=True, text=True, env=clean_env(), timeout=900, cwd="/tmp")

@@ -53,6 +53,7 @@ def _job(venv: Venv, mount: HostileMount, tmp_path: Path, name: str, **env: str)
     return reports
 
 
+@pytest.mark.long
 def test_other_nodes_time_out_without_sharedfs_and_all_get_through_with_it(
         olmo_env: Venv, hostile_mount: Callable[..., HostileMount], tmp_path: Path) -> None:
     mount = hostile_mount("lagging", lag_ms=LAG_MS)

@@ -397,6 +397,7 @@ def inductor_failures() -> list[tuple[str, str, str | None]]:
 INDUCTOR = inductor_failures()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("profile", "failure"), [(p, f) for _, p, f in INDUCTOR], ids=[i for i, _, _ in INDUCTOR])
 def test_torch_compile_with_its_cache_on_cluster_storage_fails_without_sharedfs_and_works_with_it(
     hostile_mount, profile: str, failure: str | None

@@ -187,6 +187,7 @@ def _recover(chain: Toolchain, root: Path, backing: Path, recovery: str | None, 
             "waiter_err": "" if waited is None else waited.stderr[-2000:]}
 
 
+@pytest.mark.long
 def test_a_dead_sharedfs_builders_baton_is_replaced_without_a_moment_in_which_stock_torch_sees_it_free(
     tmp_path: Path, chain: Toolchain, hostile_mount
 ) -> None:

@@ -360,6 +360,7 @@ def test_two_nodes_on_a_lagging_mount_fetch_a_hub_repository_once_with_sharedfs(
     assert [r["out"] for r in shared] == [EXPECTED] * RANKS
 
 
+@pytest.mark.long
 def test_force_reload_on_eight_ranks_reloads_for_each_one_at_a_time_with_sharedfs(
         tmp_path: Path, github: GitHubServer) -> None:
     """``force_reload=True`` stays torch's: each caller downloads and replaces the folder.  Stock

@@ -169,6 +169,7 @@ def load_on_nodes(mount_path: Path, backing: Path, hub: Path, sync: Path, repos:
         ranks_helper.end(ranks)
 
 
+@pytest.mark.long
 def test_twelve_ranks_on_three_nfs_nodes_import_a_module_being_written_stock_and_never_with_sharedfs(
         hostile_mount, tmp_path: Path) -> None:
     m = hostile_mount("nfs-cto+lagging", lag_ms=LAG_MS, flush_ms=FLUSH_MS)
