@@ -12,7 +12,8 @@ each path.
 
 Four more changes, each for a failure no filelock release can fix:
 
-* ``Dataset.map`` runs under a lock per input dataset, so N ranks that map the
+* ``Dataset.map`` runs under a lock per input dataset (of the class datasets' own
+  locks are, beside the input's cache files), so N ranks that map the
   same cached dataset compute it once and the others load the result
   (datasets writes map results to a temp file and renames it, so without the
   lock nothing is corrupted, but every rank redoes the work at once).
@@ -55,7 +56,7 @@ from sharedfs.cluster import teamfiles
 from sharedfs.cluster.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
 from sharedfs.fs.umask import current_umask
-from sharedfs.locks import drop_in, lock
+from sharedfs.locks import drop_in
 from sharedfs.machinery import choices
 from sharedfs.machinery.log import decision
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
@@ -101,7 +102,7 @@ class DatasetsShim(Shim):
             site_module = sys.modules.get(site)
             if site_module is not None and getattr(site_module, "FileLock", None) is original:
                 self.patcher.setattr(site_module, "FileLock", replacement)
-        self._patch_map(sys.modules["datasets.arrow_dataset"].Dataset, policy)
+        self._patch_map(sys.modules["datasets.arrow_dataset"].Dataset, replacement)
         self._patch_pickling(sys.modules["datasets.table"].MemoryMappedTable, policy)
         if context.cache is not None and context.cache.path:
             self._place_cache(Path(context.cache.path))
@@ -136,9 +137,9 @@ class DatasetsShim(Shim):
 
     # -- Dataset.map: one computation per input, the other ranks load it ---------------------
 
-    def _patch_map(self, dataset_cls: type, policy: Policy) -> None:
+    def _patch_map(self, dataset_cls: type, lock_class: type) -> None:
         original = dataset_cls.__dict__["map"]
-        self.patcher.setattr(dataset_cls, "map", make_locked_map(original, policy))
+        self.patcher.setattr(dataset_cls, "map", make_locked_map(original, lock_class))
 
     # -- the multi-node pickle trap -----------------------------------------------------------
 
@@ -180,8 +181,13 @@ class DatasetsShim(Shim):
 _held = threading.local()
 
 
-def make_locked_map(original: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
+def make_locked_map(original: Callable[..., Any], lock_class: type) -> Callable[..., Any]:
     """``Dataset.map`` behind a lock per input dataset, so concurrent ranks compute a map once.
+
+    ``lock_class`` is the class datasets' own locks now are (its ``FileLock`` with sharedfs's kinds
+    and, in a team cache, the group given what was made before the lock is tried or released): a
+    lock in datasets' cache named and moded by datasets' rules, and one class for filelock to model
+    its constructor for (once per class and process, ~475 Python calls).
 
     The lock sits beside the input's cache files and is named after its fingerprint.  The
     first rank takes it and computes (datasets publishes the result by temp file + rename);
@@ -199,7 +205,7 @@ def make_locked_map(original: Callable[..., Any], policy: Policy) -> Callable[..
         held: set[str] = _held.__dict__.setdefault("paths", set())
         if lock_file is None or lock_file in held:  # a map inside a map function must not wait for itself
             return original(self, *args, **kwargs)
-        shared = lock(lock_file, timeout=-1, mode=_umask_mode(), policy=policy)
+        shared = lock_class(lock_file, timeout=-1, mode=_umask_mode())
         try:
             shared.acquire(timeout=0)
         except LockTimeout:  # someone is computing it: wait for them, then load their result
@@ -211,8 +217,7 @@ def make_locked_map(original: Callable[..., Any], policy: Policy) -> Callable[..
             return _settled(original(self, *args, **kwargs), lock_file, kwargs)
         finally:
             held.discard(lock_file)
-            teamfiles.settle_pending()  # in a team cache: the result is the group's before others get the lock
-            shared.release()
+            shared.release()  # in a team cache, the class settles first: the result is the group's before others get it
 
     return map
 
