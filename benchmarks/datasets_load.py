@@ -11,10 +11,13 @@ environment, so the only difference is sharedfs.
   CPU-time ratio, which a loaded machine disturbs less.
   Also counted under callgrind (user-space instructions, which repeat exactly on a noisy
   machine; system calls are not in that figure); goal <= 1.03.  What sharedfs adds there
-  (about 1,550 Python calls): the map's own lock (``Dataset.map`` runs behind one, which stock
+  (about 650 Python calls): the map's own lock (``Dataset.map`` runs behind one, which stock
   datasets has not: the plugins' choice for a new directory, the acquire and the release) and
-  datasets' two locks taken through sharedfs's kinds; ~475 of the calls are filelock's model of the
-  map lock's class constructor, built once per process on its first instance.
+  datasets' two locks taken through sharedfs's kinds.  Counted twice: as the process runs, and
+  with the garbage collector off on both sides during the calls.  Where the two part, the
+  difference is where the collector's runs fall (a gen-0 collection every 700 net allocations of
+  tracked objects), not sharedfs's code: with a 1,000-row file, one more gen-0 collection inside
+  sharedfs's window made it +2.7 M instructions with the collector on and +0.6 M with it off.
 * **cold**: N processes (default 8) released at the same moment prepare the same dataset into
   one empty cache; wall time from release to the last process done, against one process
   preparing alone.  With sharedfs one rank prepares and maps, the others wait and load.
@@ -41,6 +44,10 @@ from pathlib import Path
 
 from _common import alternate, at_most, clean_env, emit, instructions, log, median, paired_ratio, row, valgrind
 
+#: benchmarks/run_all.py's limit for this script: 30 warm runs, 24 runs under callgrind (two sides, three
+#: seeds, the collector on and off, each a load and a bare import) and 9 groups of cold preparations.
+RUN_ALL_TIMEOUT = 2400
+
 WORKER = r"""
 import gc, json, os, sys, time
 import datasets
@@ -64,11 +71,16 @@ print(json.dumps({"start": start, "end": end, "cpu": cpu, "rows": len(ds)}))
 #: wherever its allocations happened to stop, and whether a gen-1 or full collection falls inside the
 #: warm calls (a full one walks the whole heap: millions of instructions) differs between the sides and
 #: between runs, whatever sharedfs's code does -- what moved this figure from 2.7 M to 9.2 M.
+#: With "off" as a fourth argument the collector stays off after that collection: what the two sides' code
+#: executes, without the collections their allocations happen to trigger inside the window (a gen-0 collection
+#: runs every 700 net allocations of tracked objects, and what it finds unreachable is freed there and then).
 COUNT = r"""
 import gc, sys
 import datasets
 datasets.disable_progress_bars()
 gc.collect()
+if sys.argv[4:] == ["off"]:
+    gc.disable()
 if sys.argv[3] == "load":
     ds = datasets.load_dataset("json", data_files=sys.argv[1], cache_dir=sys.argv[2], split="train")
     ds = ds.map(lambda batch: {"y": [x * 2 for x in batch["x"]]}, batched=True)
@@ -110,16 +122,22 @@ def warm(data: Path, work: Path, runs: int, count: bool = True) -> list[dict]:
     rows = [row("warm load_dataset + cached map, local disk (vs SHAREDFS_DISABLE=1)", ours, theirs, "ms", "<= 1.05",
                 at_most(paired, 1.05), ratio=paired, samples=len(a), spread=spread, cpu_ratio=cpu,
                 note=f"ratio: median of per-pair ratios; CPU-time ratio {cpu:.3f}")]
-    counted = warm_instructions(data, cache) if count and valgrind() else None
-    if counted is not None:
+    for collector in ("on", "off"):
+        counted = warm_instructions(data, cache, collector) if count and valgrind() else None
+        if counted is None:
+            continue
         ours_i, theirs_i, extra = counted
-        rows.append(row("warm load_dataset + cached map, instructions (callgrind), vs SHAREDFS_DISABLE=1", ours_i,
+        what = ("" if collector == "on" else
+                ", the collector off on both sides after that collection: the code's own, without the collections "
+                "its allocations trigger inside the window")
+        rows.append(row("warm load_dataset + cached map, instructions (callgrind)"
+                        + ("" if collector == "on" else ", collector off") + ", vs SHAREDFS_DISABLE=1", ours_i,
                         theirs_i, "instr", "<= 1.03", at_most(ours_i / theirs_i, 1.03), ratio=ours_i / theirs_i,
                         samples=len(SEEDS),
                         note=f"sharedfs adds {ours_i - theirs_i:,} instructions (per hash seed "
                              f"{', '.join(f'{e:,}' for e in extra)}; system calls not counted: the wall figure has "
                              "them); each side: the median over the seeds of the process with the calls minus the "
-                             "process without, both from a full collection (gc.collect) after the import"))
+                             f"process without, both from a full collection (gc.collect) after the import{what}"))
     return rows
 
 
@@ -128,9 +146,9 @@ def warm(data: Path, work: Path, runs: int, count: bool = True) -> list[dict]:
 SEEDS = (0, 1, 2)
 
 
-def warm_instructions(data: Path, cache: Path) -> tuple[int, int, list[int]] | None:
+def warm_instructions(data: Path, cache: Path, collector: str = "on") -> tuple[float, float, list[int]] | None:
     """User-space instructions of the warm calls with sharedfs and without, each the median over :data:`SEEDS`;
-    and sharedfs's extra per seed."""
+    and sharedfs's extra per seed.  ``collector="off"``: with the garbage collector off during the calls."""
     per_side: list[list[int]] = []
     for sharedfs in (True, False):
         side = child_env(sharedfs)
@@ -138,8 +156,10 @@ def warm_instructions(data: Path, cache: Path) -> tuple[int, int, list[int]] | N
                        capture_output=True)  # this script's map fingerprint: cached before counting
         counts = []
         for seed in SEEDS:
-            load = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "load"], side, seed=seed)
-            bare = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "import"], side, seed=seed)
+            load = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "load", collector], side,
+                                seed=seed)
+            bare = instructions([sys.executable, "-c", COUNT, str(data), str(cache), "import", collector], side,
+                                seed=seed)
             if load is None or bare is None:
                 return None
             counts.append(load - bare)
