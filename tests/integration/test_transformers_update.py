@@ -48,7 +48,7 @@ from sharedfs.testing import node_env
 # Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
 from sharedfs.testing.pytest.plugin import hostile_mount  # noqa: F401
 
-require("transformers", "needs transformers==5.24.0 (scripts/requirements-test.txt)")
+require("transformers", "needs transformers==5.25.0 (scripts/requirements-test.txt)")
 
 pytestmark = pytest.mark.slow
 
