@@ -63,6 +63,7 @@ TARGETS = {
     "transformers": "transformers.dynamic_module_utils",
     "diffusers": "diffusers.utils.dynamic_modules_utils",  # the same module cache, diffusers' own copy of it
     "torch_hub": "torch.hub",  # load_state_dict_from_url; imported by `import torch`
+    "modelscope": "modelscope_hub._download",  # _optional_file_lock; imported by `import modelscope_hub`
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:
