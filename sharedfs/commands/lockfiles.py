@@ -20,7 +20,9 @@ directly, with the same evidence the lock itself uses:
 The tree is untrusted (any member of a group can plant a symlink, a FIFO or a huge file in a
 shared cache, or exchange a directory of hers for a symlink while the walk runs): one listing
 per directory, no symlink followed, no open that can block, records read under a size cap, and
-a bounded rate of filesystem calls (a metadata server serves everyone).  Anything unreadable is
+a bounded rate of filesystem calls (a metadata server serves everyone).  Each directory is opened
+once, from its parent's descriptor kept open meanwhile, and at most :data:`MAX_DEPTH` levels down:
+a deeper one is reported (a ``too-deep`` row, ``unknown``), not walked.  Anything unreadable is
 ``unknown``, never ``free``.  **A clear never leaves its tree; every removal is made by
 descriptor**: each directory is opened from its parent's descriptor (``O_NOFOLLOW``, and it
 must still be the directory the parent's listing showed), every file is read, checked and
@@ -55,6 +57,10 @@ log = logging.getLogger("sharedfs")
 #: Filesystem calls per second the walk makes at most: a metadata server (Lustre MDS, an NFS
 #: server) serves every node of the cluster, and one person's look must not slow their jobs down.
 MAX_CALLS_PER_SECOND = 2000.0
+#: Levels below a PATH the walk descends at most.  A framework's cache is a few levels deep (plus the folders
+#: of a repository or an archive it holds); a deeper directory is reported, not walked, so a member's chain of
+#: thousands of directories costs at most this many levels (and this many open descriptors, one per level).
+MAX_DEPTH = 128
 #: A terminal sees progress (on stderr) once a walk takes this long, then at most this often.
 PROGRESS_AFTER = 1.0
 
@@ -65,6 +71,8 @@ EXIT_FREE, EXIT_HELD, EXIT_ERROR = 0, 1, 2
 #: Row kinds: what the file is (the lock's own kind, for a marker, is the holder's ``lock_kind``).
 MARKER, NATIVE, OWN_NAME, BREAK_TURN = "marker", "native", "own-name", "break-turn"
 SHARD_CLAIM, SHARD_READER, TORCH_BATON = "shard-claim", "shard-reader", "torch-baton"
+#: Not a lock: a directory MAX_DEPTH below a PATH, not walked (``unknown``: what is below it nobody looked at).
+TOO_DEEP = "too-deep"
 
 #: ``<lock>.held.<crc32 of the record, 8 hex>``: a taker's record before it is linked to the marker.
 _OWN_NAME = re.compile(r"(.+" + re.escape(_marker.SUFFIX) + r")\.([0-9a-f]{8})")
@@ -132,37 +140,73 @@ class Row:
 # -- the walk ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Place:
     """A directory as the walk reached it: a top the operator named, then one real directory at a time.
 
-    Never a path to resolve again: :meth:`open` descends from the top's descriptor through each
-    step with ``O_NOFOLLOW`` and checks that every step is still the directory (device and inode)
-    that its parent's listing showed, so whatever is swapped in meanwhile is refused, not entered.
+    Never a path to resolve again: a :class:`Descent` opens it from its parent's open descriptor with
+    ``O_NOFOLLOW`` and checks that it is still the directory (device and inode) its parent's listing
+    showed, so whatever is swapped in meanwhile is refused, not entered.
     """
 
-    top: Directory
-    steps: tuple[tuple[str, Identity], ...] = ()
+    __slots__ = ("depth", "ident", "name", "parent", "path", "top")
 
-    @property
-    def path(self) -> str:
-        return os.path.join(self.top.path, *(name for name, _ in self.steps))
+    def __init__(self, top: Directory, parent: Place | None = None, name: str = "",
+                 ident: Identity | None = None) -> None:
+        self.top, self.parent, self.name, self.ident = top, parent, name, ident
+        self.depth: int = 0 if parent is None else parent.depth + 1  # levels below the top
+        self.path: str = top.path if parent is None else os.path.join(parent.path, name)
 
     def child(self, name: str, ident: Identity) -> Place:
-        return Place(self.top, (*self.steps, (name, ident)))
+        return Place(self.top, self, name, ident)
 
-    def open(self) -> Directory:
-        """This directory, open (the caller closes it); :class:`Changed` when a step is no longer what it was."""
-        here = Directory(os.dup(self.top.fd), self.top.path)
-        try:
-            for name, ident in self.steps:
-                below = here.subdirectory(name, ident)
-                here.close()
-                here = below
-        except BaseException:
-            here.close()
-            raise
-        return here
+
+class Descent:
+    """The directories from a top down to the last :class:`Place` entered, open, each from its parent's descriptor.
+
+    Entering a place keeps the open ancestors it shares with the last one and opens only the rest,
+    one ``openat`` per level (identity checked), so a depth-first walk opens each directory once.
+    Re-descending from the top for every directory instead cost depth² calls: minutes for a member's
+    chain of 2,000 directories.  At most ``MAX_DEPTH + 1`` descriptors are open (the walk goes no
+    deeper); the directories it returns are its own, closed by :meth:`close`.
+    """
+
+    def __init__(self, call: Callable[[int], None] | None = None) -> None:
+        self._open: list[tuple[Place, Directory]] = []
+        self._call = call
+
+    def enter(self, place: Place) -> Directory:
+        """``place`` open; :class:`Changed` when a level opened now is no longer what its parent's listing showed."""
+        missing = []
+        here: Place | None = place
+        while here is not None and not self._is_open(here):
+            missing.append(here)
+            here = here.parent
+        self._close_below(0 if here is None else here.depth + 1)
+        for step in reversed(missing):
+            if self._call is not None:
+                self._call(1)
+            if step.parent is None:
+                below = Directory(os.dup(step.top.fd), step.top.path)
+            else:
+                below = self._open[-1][1].subdirectory(step.name, step.ident)
+            self._open.append((step, below))
+        return self._open[-1][1]
+
+    def _is_open(self, place: Place) -> bool:
+        return place.depth < len(self._open) and self._open[place.depth][0] is place
+
+    def _close_below(self, depth: int) -> None:
+        while len(self._open) > depth:
+            self._open.pop()[1].close()
+
+    def close(self) -> None:
+        self._close_below(0)
+
+    def __enter__(self) -> Descent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Walk:
@@ -178,6 +222,10 @@ class Walk:
         self.skipped: list[str] = []
         #: The tops the operator named, open for the whole run (closed by :func:`run`).
         self.tops: list[Directory] = []
+        #: The directory being walked and its ancestors, open (closed after each PATH and by :func:`run`).
+        self.descent = Descent(self.call)
+        #: Directories met at MAX_DEPTH below the current PATH, not walked: (their parent, their name).
+        self.deep: list[tuple[Place, str]] = []
         self._started = time.monotonic()
         self._shown = 0.0
         self.progress = sys.stderr.isatty() if progress is None else progress
@@ -206,10 +254,10 @@ class Walk:
         sys.stderr.flush()
 
     def enter(self, place: Place) -> Directory | None:
-        """``place`` open, or ``None`` (said) when it changed since it was listed or cannot be opened."""
-        self.call(len(place.steps) + 1)
+        """``place`` open (the walk's own: not closed by the caller), or ``None`` (said) when it changed since it
+        was listed or cannot be opened."""
         try:
-            return place.open()
+            return self.descent.enter(place)
         except Changed as exc:
             self.skipped.append(f"skipped {exc.filename}: {exc.strerror} since its parent was listed; "
                                 "nothing below it was looked at")
@@ -303,13 +351,29 @@ def _tree_rows(start: Place, walk: Walk) -> Iterator[Row]:
                 stack.append(Place(beside))
     except OSError:
         pass  # none there (or a symlink, or a file: not a coordination tree)
-    while stack:
-        place = stack.pop()
-        where = walk.enter(place)
-        if where is None:
-            continue
-        with where:
-            yield from _directory_rows(place, where, walk, stack)
+    try:
+        while stack:
+            place = stack.pop()
+            where = walk.enter(place)  # its ancestors are still open: one openat, not one per level
+            if where is not None:
+                yield from _directory_rows(place, where, walk, stack)
+    finally:
+        walk.descent.close()
+    if walk.deep:
+        yield _too_deep_row(walk)
+
+
+def _too_deep_row(walk: Walk) -> Row:
+    """The directories this PATH's walk did not enter (MAX_DEPTH below it), as one row and one line."""
+    (parent, name), more = walk.deep[0], len(walk.deep) - 1
+    walk.deep.clear()
+    path = os.path.join(parent.path, name)
+    evidence = (f"more than {MAX_DEPTH} levels below {parent.top.path}, the deepest `sharedfs locks` looks (no "
+                "framework's cache nests so deep): not walked, so nothing below it was looked at"
+                + (f", nor below {more} more directories as deep" if more else "")
+                + "; to look there, name that directory as PATH")
+    walk.skipped.append(f"not walked: {path}: {evidence}")
+    return Row(path, TOO_DEEP, UNKNOWN, evidence, path)
 
 
 def _directory_rows(place: Place, where: Directory, walk: Walk, stack: list[Place]) -> Iterator[Row]:
@@ -323,16 +387,25 @@ def _directory_rows(place: Place, where: Directory, walk: Walk, stack: list[Plac
     for entry in sorted(entries, key=lambda e: e.name):
         try:
             is_dir = entry.is_dir(follow_symlinks=False)  # d_type: free, except on a few filesystems
-        except OSError:
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        except OSError as exc:
+            walk.errors.append(f"cannot look at {where.join(entry.name)}: {exc.strerror or exc}")
             continue
         if is_dir:
             # A shard cache's tmp/ holds private download directories (0700, others' own): nothing to see.
             if not (in_shard_tree and part == "tmp") and not entry.name.endswith(_marker.SUFFIX):
+                if place.depth >= MAX_DEPTH:
+                    walk.deep.append((place, entry.name))
+                    continue
                 walk.call()
                 try:
                     ident = identity(entry.stat(follow_symlinks=False))
-                except OSError:
+                except FileNotFoundError:
                     continue  # gone meanwhile
+                except OSError as exc:
+                    walk.errors.append(f"cannot look at {where.join(entry.name)}: {exc.strerror or exc}")
+                    continue
                 stack.append(place.child(entry.name, ident))
                 continue
         row = _classify(where, entry.name, names, part, walk, entry)
@@ -350,7 +423,7 @@ def _one_lock_rows(place: Place, base: str, walk: Walk) -> list[Row]:
     lock = os.path.join(place.path, base)
     rows = []
     if where is not None:
-        with where:
+        try:
             names = {entry.name for entry in entries or ()}
             for entry in sorted(entries or (), key=lambda e: e.name):
                 if entry.name == base or entry.name.startswith(base + _marker.SUFFIX):
@@ -358,6 +431,8 @@ def _one_lock_rows(place: Place, base: str, walk: Walk) -> list[Row]:
                     if row is not None:
                         row.place, row.name = place, entry.name
                         rows.append(row)
+        finally:
+            walk.descent.close()
     if not rows and entries is not None:
         rows.append(Row(lock, MARKER, FREE, f"neither {lock} nor {_marker.marker_path(lock)} exists: not held "
                         "(released since, or not the path of a lock: check it)", lock))
@@ -677,18 +752,22 @@ class ClearRefused(Exception):
     """This row's file stays: the directory does not let this user remove it, or (as root) its owner could not."""
 
 
-def clear(row: Row) -> bool:
+def clear(row: Row, descent: Descent | None = None) -> bool:
     """Remove a dead row's file by its lock's own protocol; True when this call removed it.
 
-    Everything happens in the row's directory as the walk reached it (:meth:`Place.open`): a
-    directory that changed since is not entered (:class:`Changed`, raised), so nothing outside
-    the tree the operator named is ever removed, or created.
+    Everything happens in the row's directory as the walk reached it, opened again from the top
+    through ``descent`` (which keeps what the previous row's clear opened, so each directory is
+    opened once per clear, not once per level): a directory that changed since is not entered
+    (:class:`Changed`, raised), so nothing outside the tree the operator named is ever removed,
+    or created.
     """
     seen = row.seen
     if row.state != DEAD or seen is None or row.place is None:
         return False
-    with row.place.open() as where:
-        return _clear_in(where, row, seen)
+    if descent is None:
+        with Descent() as own:
+            return _clear_in(own.enter(row.place), row, seen)
+    return _clear_in(descent.enter(row.place), row, seen)
 
 
 def _clear_in(where: Directory, row: Row, seen: _marker.Seen) -> bool:
@@ -739,11 +818,12 @@ def _clear_in(where: Directory, row: Row, seen: _marker.Seen) -> bool:
     return False
 
 
-def _look_again(row: Row) -> None:
+def _look_again(row: Row, descent: Descent) -> None:
     """A dead marker this run did not remove: what is there now (a waiter may have broken it and taken the lock)."""
+    if row.place is None:
+        return
     try:
-        with row.place.open() if row.place is not None else Directory.open(os.path.dirname(row.file)) as where:
-            now = _marker.read_in(where, row.name or os.path.basename(row.file))
+        now = _marker.read_in(descent.enter(row.place), row.name or os.path.basename(row.file))
     except OSError:
         return
     if now is None:
@@ -781,6 +861,7 @@ def run(paths: list[str], *, clear_dead: bool = False, older_than: float | None 
     try:
         return _run(paths, clear_dead, older_than, user, walk)
     finally:
+        walk.descent.close()
         for top in walk.tops:
             top.close()
         walk.tops.clear()
@@ -793,37 +874,44 @@ def _run(paths: list[str], clear_dead: bool, older_than: float | None, user: str
     errors: list[str] = []
     try:
         for _, found in find(paths, walk):
-            rows.extend(row for row in found if selected(row, older_than, user, now))
+            # A subtree not walked is said whatever the selection: what is below it may be selected.
+            rows.extend(row for row in found if row.kind == TOO_DEEP or selected(row, older_than, user, now))
     finally:
         walk.show(done=True)
     errors.extend(walk.errors)
     if clear_dead:
-        # Markers first: an own-name file that is a dead marker's second name goes with its marker.
-        for row in sorted((r for r in rows if r.state == DEAD and r.seen is not None),
-                          key=lambda r: r.kind != MARKER):
-            try:
-                row.cleared = clear(row)
-            except ClearRefused as refused:
-                row.cleared = False
-                errors.append(f"cannot remove {row.file}: {refused}")
-                continue
-            except Changed as exc:
-                row.cleared = False
-                walk.skipped.append(f"not removed {row.file}: {exc.filename} {exc.strerror} since the walk "
-                                    "listed it (nothing outside the tree is touched)")
-                continue
-            except OSError as exc:
-                row.cleared = False
-                errors.append(f"cannot remove {row.file}: {exc.strerror or exc}")
-                continue
-            if row.cleared:
-                log.info("removed %s (%s)", row.file, row.evidence)
-            elif row.kind == MARKER:
-                _look_again(row)
+        with Descent(walk.call) as descent:
+            _clear_dead(rows, walk, errors, descent)
     status = EXIT_HELD if any(r.state in (HELD, UNKNOWN) for r in rows) or walk.skipped else EXIT_FREE
     if errors:
         status = EXIT_ERROR
     return rows, errors, status
+
+
+def _clear_dead(rows: list[Row], walk: Walk, errors: list[str], descent: Descent) -> None:
+    # Markers first: an own-name file that is a dead marker's second name goes with its marker.  Each kind in the
+    # walk's order, so the descent reopens only the levels one row's directory does not share with the last.
+    for row in sorted((r for r in rows if r.state == DEAD and r.seen is not None),
+                      key=lambda r: r.kind != MARKER):
+        try:
+            row.cleared = clear(row, descent)
+        except ClearRefused as refused:
+            row.cleared = False
+            errors.append(f"cannot remove {row.file}: {refused}")
+            continue
+        except Changed as exc:
+            row.cleared = False
+            walk.skipped.append(f"not removed {row.file}: {exc.filename} {exc.strerror} since the walk "
+                                "listed it (nothing outside the tree is touched)")
+            continue
+        except OSError as exc:
+            row.cleared = False
+            errors.append(f"cannot remove {row.file}: {exc.strerror or exc}")
+            continue
+        if row.cleared:
+            log.info("removed %s (%s)", row.file, row.evidence)
+        elif row.kind == MARKER:
+            _look_again(row, descent)
 
 
 def _age(seconds: float) -> str:
@@ -903,7 +991,9 @@ def main(paths: list[str], *, as_json: bool, clear_dead: bool, older_than: float
         print(json.dumps([row.as_json() for row in rows], indent=2))
     else:
         single = all(not os.path.isdir(p) for p in paths)
-        print("\n".join(text_lines(rows, cleared=clear_dead, single=single)))
+        # A subtree not walked is not a lock: its line goes to stderr with the skipped ones.
+        listed = [row for row in rows if row.kind != TOO_DEEP]
+        print("\n".join(text_lines(listed, cleared=clear_dead, single=single)))
     for line in walk.skipped:
         print(f"sharedfs locks: {line}", file=sys.stderr)
     for error in errors:
