@@ -58,6 +58,8 @@ def _table_row(request: CacheRequest, policy: Policy) -> CachePlacement:
                                     "filesystem (cache=auto)")
     # The library creates its directory itself; one directory per node keeps the cache warm across
     # jobs while the processes sharing it are one node's (a node's own locks and caches are coherent).
+    # It is inside the library's own default: whoever could make it first can already write the default
+    # stock uses, so no check here adds safety (a node-local one, in /tmp, is made or checked above).
     where = os.path.join(request.default, policy.node_id)
     return CachePlacement(where, f"{request.default} is on a shared filesystem: one directory per node "
                                  f"(cache=auto)")

@@ -242,6 +242,11 @@ def node_local_dir(name: str, *, policy: Policy | None = None, create: bool = Tr
     owned by another user (the message names the variable the root came from).
     Each level is opened by descriptor relative to the one above and checked on
     that descriptor (:mod:`sharedfs.cluster.nodelocal`).
+
+    This is the one check of every node-local path sharedfs hands out: a shim's cache, the
+    placed-cache table's exports and ``sharedfs env`` all get their path from here with
+    ``create=True``.  ``create=False`` (``sharedfs status``) makes nothing and checks the levels
+    that exist: a missing one has nothing in it yet, anyone else's would be refused.
     """
     if not name or "/" in name or name in (".", "..") or "\0" in name:
         raise ValueError(f"node_local_dir name must be one path component, got {name!r}")
@@ -251,18 +256,19 @@ def node_local_dir(name: str, *, policy: Policy | None = None, create: bool = Tr
     job = job_id()
     user = user_dir_name(os.getuid())
     path = Path(root.path, user, job, name)
-    if not create:
-        return path
     fds = [open_root(root)]
     try:
-        fds.append(open_private(fds[-1], user, shown=str(path.parents[1])))
-        if job.startswith("job-"):
+        fds.append(open_private(fds[-1], user, shown=str(path.parents[1]), create=create))
+        if create and job.startswith("job-"):
             # Under the job's node-local lock, and counted as a user of the job's directory until this
             # process exits (sharedfs.cluster.cleanup says who removes it, and when).
             fds.append(enter_job(root.path, fds[-1], job, policy))
         else:
-            fds.append(open_private(fds[-1], job, shown=str(path.parent)))
-        fds.append(open_private(fds[-1], name, shown=str(path)))
+            fds.append(open_private(fds[-1], job, shown=str(path.parent), create=create))
+        fds.append(open_private(fds[-1], name, shown=str(path), create=create))
+    except FileNotFoundError:
+        if create:
+            raise
     finally:
         for fd in fds:
             os.close(fd)

@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = _command(sub, "status", cmd_status,
                       help="version, autoload, shims, plugins, policy conflicts, every setting with its source",
-                      description="What sharedfs does in this environment.")
+                      description="What sharedfs does in this environment; with PATHs, also the filesystem each "
+                                  "one is on, by name, and the lock sharedfs takes there (nothing is probed).")
+    status.add_argument("paths", nargs="*", metavar="PATH",
+                        help="paths to name the filesystem of, as doctor does (default: none)")
     _json_flag(status)
 
     doctor = _command(
@@ -262,10 +265,15 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def env_exports() -> dict[str, str]:
-    """The variables a batch script should export so that a process without autoload gets our layout."""
+    """The variables a batch script should export so that a process without autoload gets our layout.
+
+    Every directory is made (0700) or checked here, as the program's own placement would be; a refused
+    one ends the command with one line and status 2 before anything is printed (docs/caches.md).
+    """
+    from sharedfs.errors import UnsafeDirectoryError
     from sharedfs.machinery import choices, runtime
     from sharedfs.model.settings import SETTINGS
-    from sharedfs.startup import activation
+    from sharedfs.startup import activation, placedcaches
 
     current = runtime.policy()
     exports: dict[str, str] = {}
@@ -275,13 +283,16 @@ def env_exports() -> dict[str, str]:
         value = getattr(current, setting.name)
         if current.source(setting.name) != "default" and value not in (None, ()):
             exports[setting.env] = _env_text(value)
+    refused: dict[str, list[str]] = {}
     for state in activation.shim_states().values():
-        placed = choices.cache_placement(state.shim, current, create=False)
+        try:
+            placed = choices.cache_placement(state.shim, current)
+        except UnsafeDirectoryError as exc:  # said with the placed caches' refusals, in one line
+            refused.setdefault(str(exc), []).append(state.shim.cache_env or state.shim.name)
+            continue
         if placed is not None and placed.path:
             exports[state.shim.cache_env or ""] = placed.path
-    from sharedfs.commands.placedcaches import exports as placed_exports
-
-    exports.update(placed_exports(current))
+    exports.update(placedcaches.exports(current, refused))
     return exports
 
 

@@ -99,7 +99,7 @@ def native_lock_refused(lock_file: str, kind: str, errno_name: str) -> None:
 def cache_placement(shim: Shim, policy: Policy, *, create: bool = True) -> CachePlacement | None:
     """Where ``shim``'s framework cache goes (``None`` for a shim without a cache variable).
 
-    ``create=False`` only names the directory (``sharedfs env`` prints it; the job creates it).
+    ``create=False`` makes nothing (``sharedfs status``); what is exported or printed is asked with ``create=True``.
     """
     if not shim.cache_env:
         return None

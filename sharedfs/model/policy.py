@@ -76,7 +76,7 @@ class CacheRequest:
     user_value: str | None
     #: ... and where the framework puts its cache when it is unset.
     default: str | None
-    #: Create the directory chosen (False: only say where it would be, e.g. ``sharedfs env``).
+    #: Create (or check) the directory chosen (False: make nothing, check what exists: ``sharedfs status``).
     create: bool = True
     #: A row of the placed-cache table (:mod:`sharedfs.model.caches`): under ``cache = "auto"`` a
     #: default on a shared filesystem goes per node, ``<default>/<node>`` (kept warm across jobs,

@@ -11,15 +11,22 @@ this process places its own directory instead, as if the variable were unset (th
 directory would answer ``PermissionError``).  What is exported here is exactly what ``sharedfs
 env`` prints, and :func:`restore` takes it back (:func:`sharedfs.disable`), the inherited value
 included.
+
+Nothing is exported before it is made or checked: a node-local placement is created 0700 (or
+found ours and private) by :func:`sharedfs.node_local_dir`, level by level by descriptor, when
+the rows are asked with ``create=True``.  A refused one (another user made
+``<root>/sharedfs-<uid>/...`` first, a symlink on the way) leaves its variable as the user had it
+and says so in one warning; ``sharedfs env`` refuses outright (:func:`exports`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
 from sharedfs.cluster.nodelocal import made_for_uid
-from sharedfs.errors import SharedFSError
+from sharedfs.errors import SharedFSError, UnsafeDirectoryError
 from sharedfs.machinery import choices
 from sharedfs.machinery.log import decision
 from sharedfs.model.caches import PLACED_CACHES, PlacedCache
@@ -32,16 +39,21 @@ _exported: dict[str, tuple[str | None, str | None]] = {}
 _placed_for: Policy | None = None
 
 
-def rows(policy: Policy) -> list[tuple[PlacedCache, CachePlacement | None, str | None]]:
-    """Each row that applies under ``policy``, what the plugins decide for it now, and its problem if any."""
+def rows(policy: Policy, *, create: bool = False
+         ) -> list[tuple[PlacedCache, CachePlacement | None, str | None]]:
+    """Each row that applies under ``policy``, what the plugins decide for it now, and its problem if any.
+
+    ``create=True`` makes (or checks) each node-local directory before it is named: what is exported;
+    ``create=False`` makes nothing (``sharedfs status``) and still refuses what exists and is not ours.
+    """
     out: list[tuple[PlacedCache, CachePlacement | None, str | None]] = []
     for row in PLACED_CACHES:
         if policy.shim_disabled(row.name):  # SHAREDFS_DISABLE=triton: Triton is left entirely alone
             continue
         try:
             user_value = None if _other_users(os.environ.get(row.variable)) else True
-            out.append((row, choices.placed_cache(row, policy, create=False, user_value=user_value), None))
-        except SharedFSError as exc:  # an unsafe node-local root: nothing is placed, the reason says why
+            out.append((row, choices.placed_cache(row, policy, create=create, user_value=user_value), None))
+        except SharedFSError as exc:  # an unsafe node-local directory: nothing is placed, the reason says why
             out.append((row, None, str(exc)))
     return out
 
@@ -52,9 +64,30 @@ def _other_users(value: str | None) -> bool:
     return uid is not None and uid != os.getuid()
 
 
-def exports(policy: Policy) -> dict[str, str]:
-    """The variables to export (unset ones the plugins placed): what ``sharedfs env`` prints."""
-    return {row.variable: placed.path for row, placed, _ in rows(policy) if placed is not None and placed.path}
+def exports(policy: Policy, refused: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """The variables to export (unset ones the plugins placed), each directory made or checked: ``sharedfs env``.
+
+    A refused row raises :class:`~sharedfs.UnsafeDirectoryError`, one line naming every variable
+    the problem refuses (``refused``: problem -> variables the caller found refused already, e.g. a
+    shim's cache): a batch script gets no exports and a non-zero status rather than a partial set
+    that would quietly put some caches back in the shared home.
+    """
+    found = rows(policy, create=True)
+    refused = dict(refused or {})
+    for problem, variables in _refused(found).items():
+        refused[problem] = [*refused.get(problem, []), *variables]
+    for problem, variables in refused.items():
+        raise UnsafeDirectoryError(f"{', '.join(variables)} not exported: {problem}")
+    return {row.variable: placed.path for row, placed, _ in found if placed is not None and placed.path}
+
+
+def _refused(found: list[tuple[PlacedCache, CachePlacement | None, str | None]]) -> dict[str, list[str]]:
+    """problem -> the variables it refused (one unsafe level refuses every row below it: said once)."""
+    out: dict[str, list[str]] = {}
+    for row, _, problem in found:
+        if problem is not None:
+            out.setdefault(problem, []).append(row.variable)
+    return out
 
 
 def place(policy: Policy) -> None:
@@ -65,7 +98,8 @@ def place(policy: Policy) -> None:
             return
         restore_locked()
         _placed_for = policy
-        for row, placed, problem in rows(policy):
+        found = rows(policy, create=True)
+        for row, placed, problem in found:
             user_value = os.environ.get(row.variable)
             inherited = user_value if _other_users(user_value) else None
             if placed is not None and placed.path:
@@ -78,13 +112,22 @@ def place(policy: Policy) -> None:
                 del os.environ[row.variable]
                 _exported[row.variable] = (None, inherited)
                 decision(f"{row.variable}={inherited} is another user's directory, inherited: unset")
-            if problem is not None:
-                decision(f"{row.name} cache not placed: {problem}")
-            elif user_value and not inherited:
-                would = choices.placed_cache(row, policy, create=False, user_value=None)
-                if would.path and would.path != user_value:  # equal: a parent process's export, inherited
-                    decision(f"{row.variable}={user_value} is set and left as it is; sharedfs would have used "
-                             f"{would.path} ({would.reason})")
+            if problem is None and user_value and not inherited:
+                _would_have(row, policy, user_value)
+        for problem, variables in _refused(found).items():
+            decision(f"{', '.join(variables)} left unset (each library uses its own default): {problem}",
+                     level=logging.WARNING)
+
+
+def _would_have(row: PlacedCache, policy: Policy, user_value: str) -> None:
+    """One line for a variable the user set: where sharedfs would have put the cache."""
+    try:
+        would = choices.placed_cache(row, policy, create=False, user_value=None)
+    except SharedFSError:
+        return  # it would have refused: nothing to suggest
+    if would.path and would.path != user_value:  # equal: a parent process's export, inherited
+        decision(f"{row.variable}={user_value} is set and left as it is; sharedfs would have used "
+                 f"{would.path} ({would.reason})")
 
 
 def restore() -> None:
