@@ -28,7 +28,7 @@ def _demo_extra() -> list[str]:
     return list(tomllib.loads(text)["project"]["optional-dependencies"]["demo"])
 
 
-@pytest.mark.parametrize("name", ["datasets", "webdataset", "wids"])
+@pytest.mark.parametrize("name", ["datasets", "webdataset", "wids", "transformers"])
 def test_the_demo_hint_and_extra_repeat_the_shims_range(name: str) -> None:
     shim = activation.shim_states()[name].shim
     if name == "wids":  # its own distribution's range, whatever provides `wids` here
