@@ -8,6 +8,17 @@ finish within ``timeout`` seconds is reported as timed out and its worker
 killed -- a lock call stuck on an unresponsive NFS lock daemon is the case in
 mind (datasets#1672, DataBiosphere/toil#4846).
 
+**Nothing outside the work directory is opened, written or removed**, whoever runs the probe
+(root included) and whatever other users do meanwhile.  The directory probed may be a team's,
+writable by every member and not sticky, so any member may rename the work directory away and
+put a directory of his own, full of symlinks to other users' files, in its place, or rename
+someone's results directory to its name.  So the work directory is made ``0700`` under an
+unpredictable name and opened once, without following a symlink, then checked to be the one
+just made (empty, private, owned as what this process creates there); every check works
+relative to that descriptor (``openat``/``linkat``/``renameat``/``unlinkat``, new files
+``O_CREAT|O_EXCL|O_NOFOLLOW``); a later worker opens it again only while its name is still that
+directory (device and inode); and it is emptied by descriptor, never by ``rmtree`` of a path.
+
 It checks only what one node can see: that a lock excludes a second process
 *on this node*.  Whether it excludes other nodes is the classification's job
 (:mod:`sharedfs.model.fsinfo`); a lock that passes here may still be node-local.
@@ -50,23 +61,33 @@ The checks (:data:`CHECKS`):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 import uuid
 from typing import Any, Callable, Optional
 
-if __package__:
-    from sharedfs.fs import oslocks
-else:  # the probe worker (``python -I -S probe.py``): no site-packages, no autoload, no package
-    # sharedfs/fs/oslocks.py, beside this file's folder (sharedfs/commands/).
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fs"))
-    import oslocks  # type: ignore[no-redef]  # stdlib only, like this file
+if not __package__:  # the probe worker (``python -I -S probe.py``): no site-packages, no autoload, no package
+    # sharedfs/fs/ (standard library only) sits beside this file's folder: import it under its own name
+    # through two empty package modules, so that not even sharedfs/__init__.py runs here.
+    import types
+
+    _top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _name, _where in (("sharedfs", _top), ("sharedfs.fs", os.path.join(_top, "fs"))):
+        _package = types.ModuleType(_name)
+        _package.__path__ = [_where]
+        sys.modules[_name] = _package
+
+from sharedfs.fs import oslocks  # noqa: E402 - after the worker's package modules
+from sharedfs.fs.directory import Changed, Directory, Identity, identity  # noqa: E402
+from sharedfs.fs.safefile import write_all  # noqa: E402
 
 __all__ = ["CHECKS", "SCHEMA_VERSION", "probe"]
 
@@ -92,7 +113,7 @@ _LOCK_CHECKS = {"flock": "flock_excludes", "posix": "posix_excludes"}
 Result = dict[str, Any]
 #: What a worker step returns: (ok, detail, errno name).
 StepOutcome = tuple[bool, str, Optional[str]]
-Step = Callable[[str, float], StepOutcome]
+Step = Callable[["_Workdir", float], StepOutcome]
 
 
 def _result(
@@ -148,13 +169,19 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
 
     pending = ["setup", *CHECKS]
     created = True  # assume the directory may exist until setup says otherwise
+    made: list[int] | None = None  # its (st_dev, st_ino), once setup has said: later workers open only that
+    cleaned = False
     while pending:
-        outcome = _run_worker(workdir, pending, timeout)
+        # A worker that gets through its checks cleans up too, through the descriptor it worked in.
+        outcome = _run_worker(workdir, [*pending, "cleanup"], timeout, made)
         for step, result in outcome.results:
+            if step == "cleanup":
+                report["cleanup"], cleaned = result, True
             if step not in pending:  # cleared by an earlier failure
                 continue
             pending.remove(step)
             if step == "setup":
+                made = result.pop("made", None)
                 created = _apply_setup(report, result)
                 if not result["ok"]:
                     pending.clear()
@@ -163,6 +190,8 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
         if outcome.failed is None:
             continue
         step, result = outcome.failed
+        if step == "cleanup":
+            report["cleanup"], cleaned = result, True
         if step not in pending:  # already recorded
             continue
         pending.remove(step)
@@ -186,13 +215,13 @@ def probe(path: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]
                 report["results"][rest] = _result(False, f"not run: the {step} check {why}")
             pending.clear()
 
-    if created:
-        outcome = _run_worker(workdir, ["cleanup"], timeout)
+    if created and not cleaned:
+        outcome = _run_worker(workdir, ["cleanup"], timeout, made)
         if outcome.results:
             report["cleanup"] = outcome.results[0][1]
         elif outcome.failed is not None:
             report["cleanup"] = outcome.failed[1]
-    else:
+    elif not created:
         report["cleanup"] = _result(True, "nothing was created")
     report["seconds"] = round(time.monotonic() - started, 4)
     return report
@@ -203,7 +232,7 @@ def _apply_setup(report: dict[str, Any], result: Result) -> bool:
     if result["ok"]:
         report["writable"] = True
         return True
-    report["writable"] = False
+    report["writable"] = result["errno"] == "ESTALE"  # it made the directory: writable, but not for this run
     uid = os.geteuid()
     reason = {
         "EACCES": f"{report['path']} is not writable by uid {uid}",
@@ -211,6 +240,8 @@ def _apply_setup(report: dict[str, Any], result: Result) -> bool:
         "EROFS": f"{report['path']} is not writable: read-only filesystem",
         "ENOENT": f"{report['path']} does not exist",
         "ENOTDIR": f"{report['path']} is not a directory",
+        "ESTALE": (f"someone else renamed or replaced the directory this probe made in {report['path']} at once "
+                   f"(any writer of a directory that is not sticky can: chmod +t {report['path']} stops it)"),
     }.get(result["errno"] or "", f"cannot create a directory in {report['path']}")
     report["error"] = f"{reason} ({result['detail']}); nothing was tested"
     for name in CHECKS:
@@ -227,15 +258,18 @@ class _Outcome:
         self.failed: tuple[str, Result] | None = None
 
 
-def _run_worker(workdir: str, steps: list[str], timeout: float) -> _Outcome:
-    """Run ``steps`` in one worker process, killing it if a step exceeds ``timeout``."""
+def _run_worker(workdir: str, steps: list[str], timeout: float, made: list[int] | None) -> _Outcome:
+    """Run ``steps`` in one worker process, killing it if a step exceeds ``timeout``.
+
+    ``made`` is the work directory's (st_dev, st_ino) as setup reported it (None before setup).
+    """
     outcome = _Outcome()
     cmd = [
         sys.executable,
         "-I",  # ignore PYTHON* variables and the user site
         "-S",  # no site-packages: no .pth file (sharedfs's own included) runs
         os.path.abspath(__file__),
-        json.dumps({"workdir": workdir, "steps": steps, "timeout": timeout}),
+        json.dumps({"workdir": workdir, "made": made, "steps": steps, "timeout": timeout}),
     ]
     try:
         proc = subprocess.Popen(
@@ -337,8 +371,47 @@ class _StepTimeout(Exception):
     """A step's own bounded wait (for a child process) ran out."""
 
 
+class _Workdir:
+    """The work directory, held open: every step works relative to its descriptor, never through its path.
+
+    ``made`` is the (st_dev, st_ino) setup made; a later worker (one started after a step hung)
+    opens the name only while it is still that directory.  (Nobody else can remove it and have its
+    inode number reused: it is private, and holds the checks' files by then.)
+    """
+
+    def __init__(self, path: str, made: Identity | None) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self.made = made
+        self._held: Directory | None = None
+
+    def parent(self) -> Directory:
+        """The directory probed, as the user named it (a symlink on the way there is the user's own choice)."""
+        return Directory.open(os.path.dirname(self.path))
+
+    def held(self) -> Directory:
+        if self._held is None:
+            if self.made is None:
+                raise _replaced(self.path)
+            with self.parent() as parent:
+                try:
+                    self._held = parent.subdirectory(self.name, expect=self.made)
+                except Changed:
+                    raise _replaced(self.path) from None
+        return self._held
+
+    def take(self, made: Directory) -> None:
+        self._held, self.made = made, identity(made.fd)
+
+
+def _replaced(path: str) -> OSError:
+    return OSError(errno.ESTALE, f"{path} is no longer the directory this probe made (someone else renamed it "
+                   "away, or put another in its place): nothing in it was used")
+
+
 def _worker(spec: dict[str, Any]) -> None:
-    workdir = spec["workdir"]
+    made = spec.get("made")
+    workdir = _Workdir(spec["workdir"], (made[0], made[1]) if made else None)
     child_timeout = max(0.5, float(spec["timeout"]) / 3)
     for step in spec["steps"]:
         _emit({"start": step})
@@ -351,31 +424,90 @@ def _worker(spec: dict[str, Any]) -> None:
         except _StepTimeout as exc:
             ok, detail, err, timed_out = False, str(exc), None, True
         result = _result(ok, detail, err, timed_out, seconds=time.monotonic() - began)
+        if step == "setup" and ok and workdir.made is not None:
+            result["made"] = list(workdir.made)  # taken off by the parent, passed to later workers
         _emit({"step": step, "result": result})
         if step == "setup" and not ok:
             return  # no work directory: nothing else can run
 
 
-def _setup(workdir: str, _timeout: float) -> StepOutcome:
-    os.mkdir(workdir, 0o700)
-    return True, f"created {workdir}", None
+def _private(st: os.stat_result, uid: int) -> bool:
+    """A directory of ``uid``'s that nobody else may enter or change."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
-def _cleanup(workdir: str, _timeout: float) -> StepOutcome:
-    import shutil
+def _setup(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    with workdir.parent() as parent:
+        os.mkdir(workdir.name, 0o700, dir_fd=parent.fd)
+        # A writer of the directory probed may rename it away at once and put another in its place: open it
+        # without following a symlink, and use it only if it is what mkdir makes (private, empty, ours).
+        try:
+            made = parent.subdirectory(workdir.name)
+        except (Changed, FileNotFoundError):
+            raise _replaced(workdir.path) from None
+    if made.listing() or not _private(made.stat(), _creator(made)):
+        made.close()
+        raise _replaced(workdir.path)
+    workdir.take(made)
+    return True, f"created {workdir.path}", None
 
-    if not os.path.lexists(workdir):
-        return True, "nothing to remove", None
-    shutil.rmtree(workdir)
-    return True, f"removed {workdir}", None
+
+def _creator(where: Directory) -> int:
+    """The owner this filesystem gives what this process creates in ``where``: this user, or the uid that an NFS
+    export squashes root (or an unmapped NFSv4 user) to, which then owns the directory mkdir made too."""
+    fd = where.create_exclusive(".owner", 0o600)
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        where.unlink_quietly(".owner")
+
+
+def _cleanup(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    """Empty the work directory through its descriptor, then remove it only while its name is still it."""
+    if workdir.made is None:
+        return _remove_unconfirmed(workdir)
+    try:
+        where = workdir.held()
+    except FileNotFoundError:
+        return False, f"{workdir.path} is gone (someone else moved or removed it): nothing was removed", None
+    except OSError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+        return False, (f"{workdir.path} is no longer the directory this probe made (someone else renamed it away, "
+                       "or put another in its place): nothing was removed"), "ESTALE"
+    for entry in where.listing():
+        if not entry.is_dir(follow_symlinks=False):  # the checks make files only
+            os.unlink(entry.name, dir_fd=where.fd)
+    with workdir.parent() as parent:
+        if not parent.names(workdir.name, workdir.made):
+            return False, (f"emptied the work directory, but it is no longer at {workdir.path} (someone renamed "
+                           "it): the empty directory stays where it was moved"), None
+        # Between that look and this rmdir only an empty directory can go, and whoever could rename ours
+        # away (a writer of a directory that is not sticky) may remove an empty directory there too.
+        os.rmdir(workdir.name, dir_fd=parent.fd)
+    return True, f"removed {workdir.path}", None
+
+
+def _remove_unconfirmed(workdir: _Workdir) -> StepOutcome:
+    """Setup did not report (it hung, or its worker died): remove what it may have made, if that is empty and ours."""
+    with workdir.parent() as parent:
+        try:
+            st = parent.lstat(workdir.name)
+        except FileNotFoundError:
+            return True, "nothing to remove", None
+        if not _private(st, os.geteuid()):
+            return False, f"left {workdir.path}: it is not a directory this probe can have made", None
+        os.rmdir(workdir.name, dir_fd=parent.fd)  # ENOTEMPTY if it holds anything: setup never used it
+    return True, f"removed {workdir.path}", None
 
 
 _LABEL = {"flock": "flock", "posix": "POSIX (lockf)"}
 
 
 def _lock(kind: str) -> Step:
-    def step(workdir: str, _timeout: float) -> StepOutcome:
-        fd = os.open(os.path.join(workdir, f"{kind}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    def step(workdir: _Workdir, _timeout: float) -> StepOutcome:
+        fd = workdir.held().create_exclusive(f"{kind}.lock", 0o600)
         try:
             try:
                 oslocks.lock(fd, kind)
@@ -389,8 +521,8 @@ def _lock(kind: str) -> Step:
     return step
 
 
-def _contender(path: str, kind: str, timeout: float) -> tuple[str, str | None]:
-    """In a forked child, open ``path`` anew and try the lock once.
+def _contender(where: Directory, name: str, kind: str, timeout: float) -> tuple[str, str | None]:
+    """In a forked child, open ``name`` in ``where`` anew and try the lock once.
 
     Returns ``("excluded"|"acquired"|"error"|"timeout", errno name)``.  The child
     holds a separate open file description, so flock sees a second holder, and
@@ -400,18 +532,18 @@ def _contender(path: str, kind: str, timeout: float) -> tuple[str, str | None]:
     pid = os.fork()
     if pid == 0:  # child
         code = "error"
-        name = ""
+        failed = ""
         try:
             os.close(read_end)
-            fd = os.open(path, os.O_RDWR)
+            fd = where.open_file(name, os.O_RDWR)
             state, failure = oslocks.try_lock(fd, kind)
             code = {"held": "acquired", "blocked": "excluded", "failed": "error"}[state]
-            name = failure or ""
+            failed = failure or ""
         except BaseException:  # noqa: BLE001 - a forked child must never unwind into the worker
             code = "error"
         finally:
             try:
-                os.write(write_end, f"{code} {name}".encode())
+                os.write(write_end, f"{code} {failed}".encode())
             finally:
                 os._exit(0)
     os.close(write_end)
@@ -433,10 +565,10 @@ def _contender(path: str, kind: str, timeout: float) -> tuple[str, str | None]:
 
 
 def _excludes(kind: str) -> Step:
-    def step(workdir: str, timeout: float) -> StepOutcome:
+    def step(workdir: _Workdir, timeout: float) -> StepOutcome:
         label = _LABEL[kind]
-        path = os.path.join(workdir, f"{kind}-excl.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        where, name = workdir.held(), f"{kind}-excl.lock"
+        fd = where.create_exclusive(name, 0o600)
         try:
             try:
                 oslocks.lock(fd, kind)
@@ -446,9 +578,9 @@ def _excludes(kind: str) -> Step:
                     f"could not take the first {label} lock: {_describe(exc)}",
                     _errno_name(exc),
                 )
-            held, held_err = _contender(path, kind, timeout)
+            held, held_err = _contender(where, name, kind, timeout)
             oslocks.unlock(fd, kind)
-            after, after_err = _contender(path, kind, timeout)
+            after, after_err = _contender(where, name, kind, timeout)
         finally:
             os.close(fd)
         if held == "excluded" and after == "acquired":
@@ -479,29 +611,45 @@ def _excludes(kind: str) -> Step:
     return step
 
 
-def _o_excl(workdir: str, _timeout: float) -> StepOutcome:
-    path = os.path.join(workdir, "excl")
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
-    os.close(os.open(path, flags, 0o600))
+def _o_excl(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    where = workdir.held()
+    os.close(where.create_exclusive("excl", 0o600))
     try:
-        os.close(os.open(path, flags, 0o600))
+        os.close(where.create_exclusive("excl", 0o600))
     except FileExistsError:
         return True, "the second exclusive create failed with EEXIST", None
     return False, "the second exclusive create also succeeded: O_EXCL is not atomic here", None
 
 
-def _link(workdir: str, _timeout: float) -> StepOutcome:
-    src = os.path.join(workdir, "link-src")
-    with open(src, "wb") as f:
-        f.write(b"x")
+def _write_new(where: Directory, name: str, data: bytes, *, sync: bool = False) -> None:
+    """Create ``name`` (it must not exist in any form: ``O_EXCL|O_NOFOLLOW``), write ``data``, and close it."""
+    fd = where.create_exclusive(name, 0o600)
+    try:
+        write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        # close() reports deferred write errors on NFS, so it belongs in the check.
+        os.close(fd)
+
+
+def _read_back(where: Directory, name: str, limit: int) -> bytes | None:
+    """The bytes of ``name`` (at most ``limit``), or None when it is not a regular file that short."""
+    got = where.read_untrusted(name, limit)
+    return None if got is None else got[0]
+
+
+def _link(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    where = workdir.held()
+    _write_new(where, "link-src", b"x")
     failure: OSError | None = None
     try:
-        os.link(src, os.path.join(workdir, "link-dst"))
+        where.link("link-src", "link-dst")
     except OSError as exc:
         failure = exc
     # The classic NFS check: a retransmitted LINK may report failure although
     # the link was made, so the link count is the truth.
-    if os.stat(src).st_nlink == 2:
+    if where.lstat("link-src").st_nlink == 2:
         if failure is not None:
             return True, f"link() reported {_describe(failure)} but the link exists", None
         return True, "a hard link was created (st_nlink == 2)", None
@@ -510,34 +658,23 @@ def _link(workdir: str, _timeout: float) -> StepOutcome:
     return False, "link() succeeded but st_nlink is not 2", None
 
 
-def _rename_replace(workdir: str, _timeout: float) -> StepOutcome:
-    target = os.path.join(workdir, "rename-target")
-    temp = os.path.join(workdir, "rename-temp")
-    with open(target, "wb") as f:
-        f.write(b"old")
-    with open(temp, "wb") as f:
-        f.write(b"new")
-    os.rename(temp, target)
-    with open(target, "rb") as f:
-        content = f.read()
-    if content == b"new" and not os.path.lexists(temp):
+def _rename_replace(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    where = workdir.held()
+    _write_new(where, "rename-target", b"old")
+    _write_new(where, "rename-temp", b"new")
+    os.rename("rename-temp", "rename-target", src_dir_fd=where.fd, dst_dir_fd=where.fd)
+    content = _read_back(where, "rename-target", 16)
+    if content == b"new" and not where.lexists("rename-temp"):
         return True, "rename over an existing file replaced it", None
     return False, f"after rename the target holds {content!r}", None
 
 
-def _fsync(workdir: str, _timeout: float) -> StepOutcome:
-    path = os.path.join(workdir, "fsync")
+def _fsync(workdir: _Workdir, _timeout: float) -> StepOutcome:
+    where = workdir.held()
     data = os.urandom(4096)
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        # close() reports deferred write errors on NFS, so it belongs in the check.
-        os.close(fd)
-    with open(path, "rb") as f:
-        if f.read() != data:
-            return False, "the bytes read back differ from the bytes written", None
+    _write_new(where, "fsync", data, sync=True)
+    if _read_back(where, "fsync", len(data)) != data:
+        return False, "the bytes read back differ from the bytes written", None
     return True, "4096 bytes written, fsynced and read back", None
 
 
