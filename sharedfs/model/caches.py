@@ -39,6 +39,9 @@ class PlacedCache:
     #: Where the cache is below the variable's directory, when the variable names a base directory
     #: (FlashInfer's ``<base>/.cache/flashinfer``): the per-node directories go there, not into the base.
     cache_under: str = ""
+    #: Whether the library creates the directory its variable names (torch creates its default's
+    #: directories but not the one ``PYTORCH_KERNEL_CACHE_PATH`` names): if not, sharedfs makes it.
+    made_by_library: bool = True
 
 
 PLACED_CACHES: tuple[PlacedCache, ...] = (
@@ -61,6 +64,20 @@ PLACED_CACHES: tuple[PlacedCache, ...] = (
     PlacedCache("hf_xet", "HF_XET_CACHE", "$HF_HOME/xet", False,
                 "stalls on NFS; vllm PR #49837 moved it off an NFS HF_HOME",
                 "at the import of huggingface_hub.constants"),
+    PlacedCache("tvm_ffi", "TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi", False,
+                "final link failed: Stale file handle, file too short: every rank builds into one directory "
+                "(sglang#31347, tvm-ffi#667)",
+                "at each tvm_ffi.cpp build (load_inline, build)"),
+    PlacedCache("vllm", "VLLM_CACHE_ROOT", "${XDG_CACHE_HOME}/vllm", False,
+                "corrupted compilation artifact, UnpicklingError from a compile cache every node writes "
+                "(vllm#18851, vllm#31199)",
+                "each time vllm.envs is asked for it (after vLLM's import)"),
+    PlacedCache("deep_ep", "EP_JIT_CACHE_DIR", "~/.deep_ep", False,
+                "EP_HOST_ASSERT(runtime != nullptr) loading a kernel another node is writing (DeepEP#683)",
+                "when DeepEP's JIT compiler is first made"),
+    PlacedCache("torch_kernels", "PYTORCH_KERNEL_CACHE_PATH", "${XDG_CACHE_HOME}/torch/kernels", False,
+                "CUDA driver error: invalid argument from a kernel cache every node writes (pytorch#156010)",
+                "at the first jiterator (NVRTC) kernel of a process", made_by_library=False),
 )
 
 #: The variables the defaults above name, with their own defaults.

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 
+from sharedfs.cluster.dirs import makedirs
 from sharedfs.cluster.nodelocal import made_for_uid
 from sharedfs.errors import SharedFSError, UnsafeDirectoryError
 from sharedfs.machinery import choices
@@ -52,8 +53,11 @@ def rows(policy: Policy, *, create: bool = False
             continue
         try:
             user_value = None if _other_users(os.environ.get(row.variable)) else True
-            out.append((row, choices.placed_cache(row, policy, create=create, user_value=user_value), None))
-        except SharedFSError as exc:  # an unsafe node-local directory: nothing is placed, the reason says why
+            placed = choices.placed_cache(row, policy, create=create, user_value=user_value)
+            if create and placed.path and not row.made_by_library and not os.path.isdir(placed.path):
+                makedirs(placed.path)  # the library would turn its cache off rather than make it
+            out.append((row, placed, None))
+        except (SharedFSError, OSError) as exc:  # unsafe, or cannot be made: nothing placed, the reason says why
             out.append((row, None, str(exc)))
     return out
 

@@ -78,11 +78,17 @@ def test_a_shared_home_gets_one_directory_per_node_exported_to_children_and_by_s
         "TILELANG_CACHE_DIR": f"{home}/.tilelang/cache/n0",
         "MIOPEN_USER_DB_PATH": f"{home}/.config/miopen/n0",
         "HF_XET_CACHE": f"{home}/.cache/huggingface/xet/n0",
+        "TVM_FFI_CACHE_DIR": f"{home}/.cache/tvm-ffi/n0",
+        "VLLM_CACHE_ROOT": f"{home}/.cache/vllm/n0",
+        "EP_JIT_CACHE_DIR": f"{home}/.deep_ep/n0",
+        "PYTORCH_KERNEL_CACHE_PATH": f"{home}/.cache/torch/kernels/n0",
     }
     assert placed["here"] == expected, placed
     assert placed["child"] == expected, placed  # a worker started without sharedfs inherits the placement
     assert placed["triton_dir"] == expected["TRITON_CACHE_DIR"], placed  # the real library uses it
     assert (Path(expected["TRITON_CACHE_DIR"])).is_dir()
+    # torch turns its kernel cache off rather than make the directory its variable names: sharedfs made it
+    assert Path(expected["PYTORCH_KERNEL_CACHE_PATH"]).is_dir()
     assert log.count("triton cache -> ") == 1, log
     assert {k: v for k, v in _env_command(home).items() if k in VARIABLES} == expected  # the same exports
 
@@ -95,8 +101,10 @@ def test_a_variable_the_user_set_is_never_touched_and_one_line_says_what_sharedf
     stock, _ = _run(home, SHAREDFS_DISABLE="1", TRITON_CACHE_DIR=mine)
     assert stock["here"]["TRITON_CACHE_DIR"] == mine and stock["triton_dir"] == mine, stock
 
-    kept, log = _run(home, TRITON_CACHE_DIR=mine)
+    kernels = str(tmp_path / "my-kernels")  # torch's: its directory is the user's to make, even where sharedfs makes it
+    kept, log = _run(home, TRITON_CACHE_DIR=mine, PYTORCH_KERNEL_CACHE_PATH=kernels)
     assert kept["here"]["TRITON_CACHE_DIR"] == mine and kept["child"]["TRITON_CACHE_DIR"] == mine, kept
+    assert kept["here"]["PYTORCH_KERNEL_CACHE_PATH"] == kernels and not Path(kernels).exists(), kept
     assert kept["triton_dir"] == mine, kept
     said = [line for line in log.splitlines() if "TRITON_CACHE_DIR=" in line and "left as it is" in line]
     assert len(said) == 1 and f"{home}/.triton/cache/n0" in said[0], log
