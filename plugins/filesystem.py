@@ -17,9 +17,10 @@ plain ``@hookimpl`` answers first (docs/architecture.md shows one).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
-from sharedfs.model.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, magic_name
+from sharedfs.model.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, FuseClient, fuse_client, magic_name
 from sharedfs.types import FsInfo, Mount, hookimpl
 
 __all__ = ["classify", "sharedfs_classify_filesystem"]
@@ -45,9 +46,11 @@ def classify(mount: Mount) -> FsInfo:
     """Classify ``mount`` by its fstype, falling back to the statfs magic."""
     fstype = mount.fstype.lower()
     rule = _BY_FSTYPE.get(fstype)
-    if rule is None and fstype == "fuse" and mount.source.startswith("ceph-fuse"):
-        # Old ceph-fuse builds mount with plain "fuse" and the source "ceph-fuse".
-        rule = _cephfs
+    client = fuse_client(mount) if rule is None else None
+    if client is not None:
+        # A FUSE client named by its subtype (or, mounted as plain "fuse", by its source: old
+        # ceph-fuse builds, Mountpoint for Amazon S3): what its documentation says it does.
+        return _fuse_client(mount, client)
     if rule is None and (fstype.startswith("fuse.") or fstype in ("fuse", "virtiofs")):
         rule = _fuse
     if rule is None and fstype in _LOCAL_FSTYPES:
@@ -60,10 +63,10 @@ def classify(mount: Mount) -> FsInfo:
 
 
 def _info(mount: Mount, kind: str, shared: bool, flock: str, posix: str, o_excl_atomic: bool, *notes: str,
-          **errnos: str) -> FsInfo:
+          **more: Any) -> FsInfo:
     """One classification: who sees the files, what each lock does there, whether O_EXCL is atomic, and why."""
     return FsInfo(mount=mount, kind=kind, shared=shared, flock=flock, posix=posix, o_excl_atomic=o_excl_atomic,
-                  notes=notes, **errnos)
+                  notes=notes, **more)
 
 
 # --------------------------------------------------------------------------
@@ -230,6 +233,60 @@ def _fuse(mount: Mount) -> FsInfo:
                  "implements them, and O_EXCL is as atomic as the daemon makes it.")
 
 
+def _fuse_client(mount: Mount, client: FuseClient) -> FsInfo:
+    """A FUSE client of :data:`~sharedfs.model.fsinfo.FUSE_CLIENTS`: its documented facts, then the options
+    it was started with (which mountinfo never shows: they are read from its command line)."""
+    options = mount.client_options
+    flock, posix = client.flock, client.posix
+    notes = [_client_locks(client)]
+    for kind, switches in (("flock", client.local_flock), ("POSIX locks", client.local_posix)):
+        if not switches:
+            continue
+        if options is None:
+            # The weaker claim: a MooseFS mounted with mfsnobsdlocks would let two nodes hold one lock.
+            hidden = (f"its {client.params_file} at the mount's root is readable by root only" if client.params_file
+                      else "its client runs in another container or PID namespace, or /proc hides it")
+            notes.append(f"Whether {client.name} runs with {' or '.join(switches)} (which makes {kind} node-local) "
+                         f"cannot be seen here ({hidden}): {kind} assumed node-local; a site plugin can declare it "
+                         "coherent.")
+        elif any(switch in options for switch in switches):
+            verb = "succeeds but excludes" if kind == "flock" else "succeed but exclude"
+            notes.append(f"{client.name} mounted with {' / '.join(s for s in switches if s in options)}: {kind} "
+                         f"{verb} only processes on the same node.")
+        else:
+            continue
+        flock, posix = (NODE_LOCAL, posix) if kind == "flock" else (flock, NODE_LOCAL)
+    if client.bucket:
+        notes.append("No hard links, and a file created with O_EXCL is checked against this client's own view "
+                     "only: no lock, marker or exclusive create excludes another node there.")
+    elif not client.hard_links:
+        notes.append(f"{client.name} has no hard links.")
+    if client.caches:
+        notes.append(_client_caches(client, options))
+    return _info(mount, client.kind, True, flock, posix, client.o_excl_atomic, *notes,
+                 name=client.name, hard_links=client.hard_links)
+
+
+def _client_locks(client: FuseClient) -> str:
+    if client.flock == COHERENT:
+        return (f"{client.name}: flock and POSIX locks are granted by the filesystem's servers and exclude "
+                "processes on every client (with its default options).")
+    return (f"{client.name}: its FUSE client has no lock handlers, so the kernel grants flock and POSIX locks for "
+            "this node only.")
+
+
+def _client_caches(client: FuseClient, options: Mapping[str, str | None] | None) -> str:
+    """Its metadata cache timeouts: as started (when its command line was read), else the defaults."""
+    seen = options or {}
+    parts = []
+    for name, default in client.caches:
+        value = seen.get(name)
+        parts.append(f"{name}={value}" if value is not None else
+                     f"{name}={default} (default)" if default is not None else f"{name} (its default)")
+    return (f"{client.name} metadata caches (seconds): {', '.join(parts)}; another node's new names, removals "
+            "and sizes can take that long to show here.")
+
+
 # --------------------------------------------------------------------------
 # Local and unknown filesystems
 
@@ -271,7 +328,6 @@ _BY_FSTYPE: dict[str, Callable[[Mount], FsInfo]] = {
     "beegfs": _beegfs,
     "fhgfs": _beegfs,  # BeeGFS's name before 2014
     "ceph": _cephfs,
-    "fuse.ceph-fuse": _cephfs,
     "cifs": _cifs,
     "smb3": _cifs,  # the same kernel driver, mounted with `mount -t smb3`
     "fuseblk": _fuse,

@@ -13,6 +13,7 @@ at run time (its node's lockd died) stays mutually exclusive with the rest.
 
 from __future__ import annotations
 
+from sharedfs.errors import NoSafeLockError
 from sharedfs.model.fsinfo import COHERENT, NODE_LOCAL
 from sharedfs.types import FsInfo, LockChoice, Policy, hookimpl
 
@@ -32,8 +33,14 @@ def excludes_everyone(fs: FsInfo, kind: str) -> bool:
 
 def decide(fs: FsInfo, policy: Policy) -> LockChoice:
     """The lock kind for a file on ``fs`` under ``policy``, with the reason in one sentence."""
-    where = f"{fs.kind} ({fs.mount.fstype} at {fs.mount.mount_point})"
+    where = f"{fs.name or fs.kind} ({fs.mount.fstype} at {fs.mount.mount_point})"
     safe = next((kind for kind in NATIVE if excludes_everyone(fs, kind)), None)
+    if safe is None and fs.shared and not fs.o_excl_atomic and fs.hard_links is False:
+        # An object-store bucket mount: no kind of lock excludes another node there, whatever is asked.
+        raise NoSafeLockError(
+            f"no lock excludes other nodes on {where}: it has no cluster-wide flock or POSIX lock, no hard links "
+            "and no exclusive create; keep locks and caches off it (point the framework's cache variable at "
+            "node-local or a shared POSIX filesystem, or set SHAREDFS_CACHE=node-local)")
     if policy.lock != "auto":
         requested = policy.lock
         if requested not in NATIVE or excludes_everyone(fs, requested):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ConfigError", "LockTimeout", "SharedFSError", "UnsafeDirectoryError", "WaitTimeout"]
+__all__ = ["ConfigError", "LockTimeout", "NoSafeLockError", "SharedFSError", "UnsafeDirectoryError", "WaitTimeout"]
 
 
 class SharedFSError(Exception):
@@ -35,6 +35,14 @@ class WaitTimeout(SharedFSError, TimeoutError):
 
 class UnsafeDirectoryError(SharedFSError, PermissionError):
     """A node-local directory exists but is not safe to use (owner, symlink, mode)."""
+
+
+class NoSafeLockError(SharedFSError):
+    """Nothing on a path's filesystem can exclude another node (an object-store bucket mount: no cluster
+    lock, no hard link, no exclusive create), so sharedfs refuses to lock there rather than pretend.
+
+    Not an ``OSError``: code that treats a lock's ``OSError`` as "no locking here, go on" must not go on.
+    """
 
 
 if TYPE_CHECKING:

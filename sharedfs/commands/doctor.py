@@ -27,9 +27,28 @@ SYMPTOMS = {
 #: Human names of the filesystem kinds ``sharedfs_classify_filesystem`` answers.
 KIND_NAMES = {
     "lustre": "Lustre", "gpfs": "GPFS (IBM Storage Scale)", "nfs": "NFS", "beegfs": "BeeGFS", "cephfs": "CephFS",
-    "cifs": "SMB/CIFS", "fuse": "a FUSE filesystem", "overlay": "an overlay filesystem (container layers)",
-    "tmpfs": "tmpfs (memory)", "local": "a local disk", "unknown": "an unknown filesystem",
+    "cifs": "SMB/CIFS", "juicefs": "JuiceFS", "moosefs": "MooseFS", "glusterfs": "GlusterFS", "3fs": "3FS",
+    "bucket": "an object-store bucket mount", "fuse": "a FUSE filesystem",
+    "overlay": "an overlay filesystem (container layers)", "tmpfs": "tmpfs (memory)", "local": "a local disk",
+    "unknown": "an unknown filesystem",
 }
+
+
+def filesystem_name(fs: Any) -> str:
+    """The filesystem by name ("JuiceFS", "gcsfuse (a Cloud Storage bucket)"), else by kind ("a FUSE filesystem")."""
+    return fs.name or KIND_NAMES.get(fs.kind, fs.kind)
+
+
+def lock_choice_or_refusal(lock_file: str, policy: Any) -> Any:
+    """The plugins' lock choice for ``lock_file``, or a choice of kind ``none`` saying why no lock is taken there."""
+    from sharedfs.errors import NoSafeLockError
+    from sharedfs.machinery import choices
+    from sharedfs.model.policy import LockChoice
+
+    try:
+        return choices.lock_choice(lock_file, policy)
+    except NoSafeLockError as exc:
+        return LockChoice("none", str(exc))
 
 
 def doctor_report(path: str) -> dict[str, Any]:
@@ -39,8 +58,8 @@ def doctor_report(path: str) -> dict[str, Any]:
     path = os.path.abspath(path)
     fs = choices.filesystem(path)
     current = runtime.policy()
-    choice = choices.lock_choice(os.path.join(path, ".sharedfs-doctor.lock"), current)
-    auto = choices.lock_choice(os.path.join(path, ".sharedfs-doctor.lock"), runtime.policy(lock="auto"))
+    choice = lock_choice_or_refusal(os.path.join(path, ".sharedfs-doctor.lock"), current)
+    auto = lock_choice_or_refusal(os.path.join(path, ".sharedfs-doctor.lock"), runtime.policy(lock="auto"))
     probes = probe(path)
     return {
         "path": path,
@@ -59,18 +78,19 @@ def doctor_report(path: str) -> dict[str, Any]:
 def _doctor_warnings(fs: Any, probes: dict[str, Any], lock_kind: str) -> list[str]:
     """Plain-language warnings from what the probes observed, then from what the classification knows."""
     warnings = []
+    uses = "no lock (NoSafeLockError)" if lock_kind == "none" else f"a {lock_kind} lock"
     if not probes.get("writable", True):
         warnings.append(f"not writable here ({probes.get('error')}): sharedfs cannot place locks or caches here")
     results = probes.get("results", {})
     flock = results.get("flock", {})
     if flock.get("errno"):
         symptom = SYMPTOMS.get(flock["errno"], "tools that rely on flock fail here")
-        warnings.append(f"flock fails here with {flock['errno']}: {symptom}; sharedfs uses a {lock_kind} lock")
+        warnings.append(f"flock fails here with {flock['errno']}: {symptom}; sharedfs uses {uses}")
     elif flock.get("ok") and fs.shared and fs.flock != "coherent":
         warnings.append("flock succeeds here but excludes only processes on the same node (it cannot be seen "
                         "from one node: run `srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node PATH` to "
                         "check); tools that trust it (filelock, datasets, wids) can corrupt shared caches; "
-                        f"sharedfs uses a {lock_kind} lock")
+                        f"sharedfs uses {uses}")
     if results.get("o_excl", {}).get("ok") is False:
         warnings.append("O_EXCL create is not exclusive here: existence (soft) locks are unsafe; use a lease "
                         "(SHAREDFS_LOCK=lease) or keep caches on node-local storage (SHAREDFS_CACHE=node-local)")
@@ -108,7 +128,7 @@ def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any, off
     """The verdict a person can act on: what the filesystem is, what its locks do, what sharedfs does, what helps."""
     results = probes.get("results", {})
     mount = fs.mount
-    what = (f"{KIND_NAMES.get(fs.kind, fs.kind)} ({mount.fstype} mounted at {mount.mount_point}), "
+    what = (f"{filesystem_name(fs)} ({mount.fstype} mounted at {mount.mount_point}), "
             + ("shared between nodes" if fs.shared else "seen by this node only"))
     exclusive = results.get("o_excl", {}).get("ok", fs.o_excl_atomic)
     locks = (f"flock: {_lock_words(fs.flock, fs.flock_errno, results.get('flock', {}), fs.shared)}; "
@@ -121,7 +141,9 @@ def _doctor_verdict(path: str, fs: Any, probes: dict[str, Any], choice: Any, off
     names = {"flock": "flock", "posix": "POSIX (fcntl) locks", "soft": "existence (soft) locks",
              "lease": "leases (existence locks renewed while held)"}
     uses = f"{names.get(choice.kind, choice.kind)} ({choice.reason.rstrip('.')})"
-    if choice.kind in ("soft", "lease") or choice.marker:
+    if choice.kind == "none":
+        uses = f"NO lock: every lock taken here fails with NoSafeLockError ({choice.reason})"
+    elif choice.kind in ("soft", "lease") or choice.marker:
         uses += "; each held lock is marked by <lock>.held with its holder's node, pid and Slurm job"
     if off:
         uses = f"nothing: OFF here (see `without it`); with SHAREDFS_DISABLE unset it would use {uses}"
@@ -134,6 +156,9 @@ def _without_sharedfs(fs: Any, choice: Any) -> str:
     if choice.kind == "flock":
         return ("stock filelock (FileLock) takes flock on the same file, so programs without sharedfs and "
                 "sharedfs exclude each other here")
+    if choice.kind == "none":
+        return ("stock filelock's flock here excludes only processes on the same node: programs without sharedfs "
+                "can write one entry from two nodes at once")
     outsiders = "programs without sharedfs (a `python -S` tool, a venv without sharedfs, stock filelock)"
     if choice.kind == "posix":
         return (f"{outsiders} lock with flock, which on {KIND_NAMES.get(fs.kind, fs.kind)} does not exclude "
@@ -145,6 +170,9 @@ def _without_sharedfs(fs: Any, choice: Any) -> str:
 def _better(fs: Any, results: dict[str, Any], choice: Any) -> str:
     """The one setting or mount option that would make this path better, or that nothing needs to change."""
     opts = fs.mount.options
+    if fs.kind == "bucket":
+        return ("keep locks and caches off this bucket mount: point the framework's cache variable at node-local "
+                "storage or a shared POSIX filesystem (or set SHAREDFS_CACHE=node-local)")
     if results.get("o_excl", {}).get("ok") is False or not fs.o_excl_atomic:
         return ("O_CREAT|O_EXCL is not atomic here: set SHAREDFS_LOCK=lease, or keep caches on node-local storage "
                 "(SHAREDFS_CACHE=node-local)")
@@ -171,6 +199,9 @@ def _better(fs: Any, results: dict[str, Any], choice: Any) -> str:
     if fs.kind == "beegfs":
         return ("set `tuneUseGlobalFileLocks=true` in beegfs-client.conf (ask your admins); then tell sharedfs "
                 "with a site plugin, since the mount does not show it")
+    if fs.kind == "moosefs" and fs.mount.client_options is not None:
+        return ("remount without `mfsnobsdlocks` / `mfsnoposixlocks` (mfsmount's command line or mfsmount.cfg); "
+                "MooseFS's own locks then exclude across nodes")
     if fs.kind == "cifs" and "nobrl" in opts:
         return "mount without `nobrl`, so POSIX locks go to the server"
     if choice.kind in ("soft", "lease"):

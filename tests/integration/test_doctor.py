@@ -18,7 +18,7 @@ REPORT_KEYS = {"path", "filesystem", "probes", "lock", "cache", "warnings", "ver
                "sharedfs_off"}
 VERDICT_KEYS = {"filesystem", "locks", "across_nodes", "sharedfs", "without_sharedfs", "better"}
 FS_KEYS = {"mount", "kind", "shared", "flock", "flock_errno", "posix", "posix_errno", "o_excl_atomic",
-           "safe_lock", "notes"}
+           "safe_lock", "notes", "name", "hard_links"}
 PROBES = ["flock", "flock_excludes", "posix", "posix_excludes", "o_excl", "link", "rename_replace", "fsync"]
 
 
