@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = _command(sub, "status", cmd_status,
                       help="version, autoload, shims, plugins, policy conflicts, every setting with its source",
-                      description="What sharedfs does in this environment.")
+                      description="What sharedfs does in this environment; with PATHs, also the filesystem each "
+                                  "one is on, by name, and the lock sharedfs takes there (nothing is probed).")
+    status.add_argument("paths", nargs="*", metavar="PATH",
+                        help="paths to name the filesystem of, as doctor does (default: none)")
     _json_flag(status)
 
     doctor = _command(

@@ -10,12 +10,12 @@ import sysconfig
 from typing import Any
 
 from sharedfs import __version__
-from sharedfs.commands.doctor import conflict_lines, nearest_directory
+from sharedfs.commands.doctor import conflict_lines, filesystem_name, lock_choice_or_refusal, nearest_directory
 from sharedfs.commands.exits import EXIT_OK, EXIT_USAGE, error_line, stderr_line
 
 
-def status_report() -> dict[str, Any]:
-    """Everything ``sharedfs status`` shows, as data."""
+def status_report(paths: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Everything ``sharedfs status`` shows, as data; ``paths`` adds the filesystem each one is on."""
 
     import _sharedfs_bootstrap as _bootstrap
     from sharedfs.cluster.nodelocal import root_of
@@ -76,6 +76,7 @@ def status_report() -> dict[str, Any]:
     in_use = [(cache["path"], f"{cache['name']} cache") for cache in caches]
     in_use += [(root.path, "node-local root")] if root else []
     report["mounts"] = _mounts([*in_use, (os.getcwd(), "current directory")])
+    report["paths"] = [_path_row(path, current) for path in paths]
     report["shims"] = shims
     report["caches"] = caches
     from sharedfs.commands import placedcaches
@@ -134,9 +135,27 @@ def _mounts(paths: list[tuple[str | None, str]]) -> list[dict[str, Any]]:
             rows.append({"path": path, "what": what, "error": f"{type(exc).__name__}: {exc}"})
             continue
         options = ",".join(key if value is None else f"{key}={value}" for key, value in fs.mount.options.items())
-        rows.append({"path": path, "what": what, "kind": fs.kind, "fstype": fs.mount.fstype,
-                     "mount_point": fs.mount.mount_point, "options": options, "shared": fs.shared})
+        rows.append({"path": path, "what": what, "kind": fs.kind, "name": filesystem_name(fs),
+                     "fstype": fs.mount.fstype, "mount_point": fs.mount.mount_point, "options": options,
+                     "shared": fs.shared})
     return rows
+
+
+def _path_row(path: str, current: Any) -> dict[str, Any]:
+    """``sharedfs status PATH``: the filesystem PATH is on, as doctor classifies it (nothing is probed), and the
+    lock sharedfs takes there."""
+    from sharedfs.machinery import choices
+
+    where = nearest_directory(os.path.expanduser(path))
+    try:
+        fs = choices.filesystem(where)
+    except Exception as exc:  # noqa: BLE001 - one unusable path must not hide the rest of the report
+        return {"path": path, "error": f"{type(exc).__name__}: {exc}"}
+    row: dict[str, Any] = {"path": path, "name": filesystem_name(fs), "filesystem": fs.as_dict()}
+    if current is not None:
+        choice = lock_choice_or_refusal(os.path.join(where, ".sharedfs-status.lock"), current)
+        row["lock"] = {"kind": choice.kind, "reason": choice.reason, "marker": choice.marker}
+    return row
 
 
 def _cache_row(name: str, shim: Any, current: Any) -> dict[str, Any]:
@@ -187,7 +206,7 @@ def _shim_state(shim: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    report = status_report()
+    report = status_report(getattr(args, "paths", None) or ())
     if args.json:
         print(json.dumps(report, indent=2))
         return _status_config_error(report)
@@ -201,11 +220,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("mounts (of the paths in use):")
     grouped: dict[str, list[str]] = {}
     for row in report["mounts"]:
-        where = row.get("error") or (f"{row['fstype']} at {row['mount_point']} ({row['options'] or '-'}), "
+        where = row.get("error") or (f"{row['name']}, {row['fstype']} at {row['mount_point']} "
+                                     f"({row['options'] or '-'}), "
                                      + ("shared between nodes" if row["shared"] else "this node only"))
         grouped.setdefault(where, []).append(f"{row['path']} ({row['what']})")
     for where, paths in grouped.items():
         print(f"  {where}: {', '.join(paths)}")
+    for row in report["paths"]:
+        print("\n".join(_path_lines(row)))
     if auto["disabled_by_environment"]:
         state = "disabled by SHAREDFS_DISABLE"
     elif auto["active_in_this_interpreter"]:
@@ -256,6 +278,23 @@ def cmd_status(args: argparse.Namespace) -> int:
             flag = "  <- CONFLICT" if name in report["conflicts"] else ""
             print(f"  {name:<14} {value!s:<24} ({source}){flag}")
     return _status_config_error(report)
+
+
+def _path_lines(row: dict[str, Any]) -> list[str]:
+    """A PATH given to ``status``: its filesystem by name, what its locks do, the lock sharedfs takes there."""
+    if "error" in row:
+        return [f"{row['path']}: {row['error']}"]
+    fs = row["filesystem"]
+    mount = fs["mount"]
+    lines = [f"{row['path']}: {row['name']} ({mount['fstype']} at {mount['mount_point']}), "
+             + ("shared between nodes" if fs["shared"] else "this node only"),
+             f"  locks      : flock {fs['flock']}, POSIX locks {fs['posix']}, O_EXCL create "
+             + ("atomic" if fs["o_excl_atomic"] else "NOT atomic")
+             + ("" if fs["hard_links"] is None else ", hard links " + ("yes" if fs["hard_links"] else "none"))]
+    if "lock" in row:
+        lines.append(f"  sharedfs   : {row['lock']['kind']} ({row['lock']['reason']})")
+    lines.extend(f"  note       : {note}" for note in fs["notes"])
+    return lines
 
 
 def _status_config_error(report: dict[str, Any]) -> int:
