@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Iterator
 from typing import Any
 
+from sharedfs.commands.lockfiles import MAX_DEPTH, Descent, Place
+from sharedfs.fs.directory import Changed, Directory, identity
 from sharedfs.model.records import group_name, user_name
 
 #: At most this many entries are looked at (a hub cache can hold millions); the report says when it stopped.
+#: Together with the depth limit (``sharedfs locks``'s :data:`~sharedfs.commands.lockfiles.MAX_DEPTH`, 128
+#: levels: no framework's cache nests deeper) this bounds the scan, whatever tree a member builds there.
 TEAM_SCAN_LIMIT = 20_000
 #: Examples shown per kind of problem.
 TEAM_EXAMPLES = 3
@@ -42,7 +48,6 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
     owners: dict[int, int] = {}
     problems: dict[str, list[tuple[str, int, int]]] = {
         "wrong_group": [], "closed_dirs": [], "no_setgid": [], "unreadable": [], "unlockable": []}
-    scanned, truncated = 0, False
 
     def look(entry_path: str, entry: os.stat_result) -> None:
         owners[entry.st_uid] = owners.get(entry.st_uid, 0) + 1
@@ -63,20 +68,10 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
                 problems["unlockable"].append(seen)
 
     look(path, os.lstat(path))
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in (*dirnames, *filenames):
-            if scanned >= limit:
-                truncated = True
-                break
-            entry_path = os.path.join(dirpath, name)
-            try:
-                entry = os.lstat(entry_path)
-            except OSError:
-                continue
-            scanned += 1
-            look(entry_path, entry)
-        if truncated:
-            break
+    scan = _Scan(limit)
+    for entry_path, entry in scan.entries(path):
+        look(entry_path, entry)
+    scanned, truncated = scan.scanned, scan.truncated
     users = {user_name(uid): count for uid, count in sorted(owners.items(), key=lambda item: -item[1])}
     shared = team is not None or len(owners) > 1 or bool(top.st_mode & st_.S_IWGRP)
     not_candidate = None
@@ -97,6 +92,8 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
         "shared": shared,
         "scanned": scanned + 1,
         "truncated": truncated,
+        "too_deep": scan.deep[0] if scan.deep else None,
+        "too_deep_more": max(0, len(scan.deep) - 1),
         "owners": users,
         "problems": counts,
         "examples": {name: [{"path": p, "owner": user_name(uid), "mode": f"{mode:o}"}
@@ -107,6 +104,65 @@ def team_check(path: str, policy: Any, limit: int = TEAM_SCAN_LIMIT) -> dict[str
         "fix": [] if not_candidate else _team_fix(path, group, counts, bool(top.st_mode & st_.S_ISGID), acl is not None,
                                                   team is not None, shared),
     }
+
+
+class _Scan:
+    """The entries below a path, walked by descriptor within bounds: no tree a member builds stalls or crashes it.
+
+    Each directory is opened once, from its parent's descriptor (``O_NOFOLLOW``, still the directory its parent's
+    listing showed: :class:`~sharedfs.commands.lockfiles.Descent`, as ``sharedfs locks`` walks), every entry is
+    looked at with ``fstatat`` relative to it, and no symlink is followed.  An explicit stack, never recursion: a
+    chain of thousands of directories made ``os.walk`` raise RecursionError.  At most ``limit`` entries
+    (``truncated``), and no directory more than :data:`MAX_DEPTH` levels down is entered (``deep``: the first ones
+    met there).  What cannot be opened or listed is skipped, as ``os.walk`` did.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.scanned = 0
+        self.truncated = False
+        self.deep: list[str] = []
+
+    def entries(self, path: str) -> Iterator[tuple[str, os.stat_result]]:
+        """(path, lstat) of every entry below ``path``, in ``os.walk``'s top-down order, until a bound is met."""
+        try:
+            top = Directory.open(path)  # the path as the user gave it; below it, nothing through a symlink
+        except OSError:
+            return
+        stack = [Place(top)]
+        with top, Descent() as descent:
+            while stack:
+                place = stack.pop()
+                try:
+                    entries = descent.enter(place).listing()
+                except (Changed, OSError):  # swapped since its parent was listed, gone, or closed to us
+                    continue
+                below = []
+                # Subdirectories first, then the rest, as os.walk's (dirnames, filenames) were looked at.
+                for entry in sorted(entries, key=lambda entry: not _is_dir(entry)):
+                    if self.scanned >= self.limit:
+                        self.truncated = True
+                        return
+                    try:
+                        st = entry.stat(follow_symlinks=False)  # fstatat relative to the open directory
+                    except OSError:
+                        continue
+                    self.scanned += 1
+                    entry_path = os.path.join(place.path, entry.name)
+                    yield entry_path, st
+                    if stat.S_ISDIR(st.st_mode):
+                        if place.depth >= MAX_DEPTH:
+                            self.deep.append(entry_path)
+                        else:
+                            below.append(place.child(entry.name, identity(st)))
+                stack.extend(reversed(below))  # the first subdirectory is walked next
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _team_candidate(top: os.stat_result, owners: dict[int, int], gid: int, team: bool,
@@ -199,6 +255,16 @@ _TEAM_WORDS = {
 
 def team_lines(team: dict[str, Any], path: str) -> list[str]:
     """``sharedfs doctor``'s lines about who shares ``path`` and whether every member can use it."""
+    lines = _sharing_lines(team, path)
+    if team.get("too_deep"):
+        more = team.get("too_deep_more") or 0
+        lines.append(f"  team note  : not fully scanned: deeper than {MAX_DEPTH} levels at {team['too_deep']}"
+                     + (f" (and {more} more directories as deep)" if more else "")
+                     + "; no framework's cache nests so deep, so nothing below was looked at")
+    return lines
+
+
+def _sharing_lines(team: dict[str, Any], path: str) -> list[str]:
     owners = ", ".join(f"{name} ({count})" for name, count in team["owners"].items())
     checked = f"{team['scanned']}{'+ (stopped there)' if team['truncated'] else ''} entries of {owners}"
     bad = sum(team["problems"].values())
