@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pluggy
@@ -364,3 +366,81 @@ def test_mount_for_a_bind_mount_names_the_bind_mount_point(tmp_path: Path, mount
     assert outer.device == bound.device  # one filesystem, one st_dev ...
     assert (outer.mount_point, bound.mount_point) == (str(d), str(d / "y"))  # ... two mounts
     assert bound.root == "/x"
+
+
+# -- a FUSE client's own options, read from its real process -----------------------------------------
+
+
+def _posing_client(argv: list[str], user: object = None) -> subprocess.Popen[str]:
+    """A real process whose command line is ``argv`` (argv[0] as given): /bin/sh sleeping under that name."""
+    shell = ["-c", "sleep 60; :"]  # '; :' keeps sh from exec'ing sleep (its command line would change)
+    if user is None:
+        return subprocess.Popen([argv[0], *shell, *argv[1:]], executable="/bin/sh", text=True)
+    return user.popen([argv[0], *shell, *argv[1:]], executable="/bin/sh")  # type: ignore[attr-defined]
+
+
+def _names(pid: str, program: str, point: str) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return os.path.basename(argv[0]) == program.encode() and point.encode() in argv
+
+
+def test_client_options_come_from_the_mounting_users_client_not_from_a_look_alike(tmp_path: Path) -> None:
+    from helpers.unixusers import throwaway_users
+
+    from sharedfs.model.fsinfo import client_options, fuse_client
+
+    point = str(tmp_path / "jfs")
+    mount = Mount(point, "fuse.juicefs", "JuiceFS:vol", options={"user_id": "0"})
+    client = fuse_client(mount)
+    assert client is not None and client.name == "JuiceFS"
+    assert client_options(mount, client) is None  # no client process: cannot tell
+
+    real = _posing_client(["juicefs", "mount", "-d", "sqlite3:///x/meta.db", point, "--attr-cache", "3"])
+    try:
+        with throwaway_users(1) as (mallory,):
+            # Another user starts a process that looks like the client, claiming other caches.
+            fake = _posing_client(["juicefs", "mount", "-d", "sqlite3:///y", point, "--attr-cache", "99",
+                                   "--entry-cache=99"], mallory)
+            try:
+                deadline = time.monotonic() + 10
+                while b"99" not in Path(f"/proc/{fake.pid}/cmdline").read_bytes():
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                # The look-alike is there for anyone reading every command line: a reader that took any
+                # process naming the client and the mount point would merge its 99 s caches in ...
+                named = [pid for pid in os.listdir("/proc") if pid.isdigit() and _names(pid, "juicefs", point)]
+                assert sorted(int(pid) for pid in named) == sorted([real.pid, fake.pid])
+                assert os.stat(f"/proc/{fake.pid}").st_uid == mallory.uid
+                # ... and ignored: only processes of the user who mounted (user_id=) count.
+                assert client_options(mount, client) == {"attr-cache": "3"}
+                info = filesystem.classify(replace(mount, client_options=client_options(mount, client)))
+                assert any("attr-cache=3," in note and "99" not in note for note in info.notes)
+            finally:
+                fake.kill()
+                fake.wait()
+    finally:
+        real.kill()
+        real.wait()
+
+
+def test_status_path_names_the_filesystem_as_doctor_does(tmp_path: Path, mounter) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    target = tmp_path / "t"
+    target.mkdir()
+    mounter("-t", "tmpfs", "-o", "size=1m", "tmpfs-status", str(target))
+    missing = target / "not" / "yet"
+    proc = subprocess.run([sys.executable, "-m", "sharedfs", "status", str(target), str(missing), "--json"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["paths"]
+    assert [row["path"] for row in rows] == [str(target), str(missing)]
+    for row in rows:  # a path that does not exist yet is on the filesystem of its nearest existing parent
+        assert (row["name"], row["filesystem"]["mount"]["mount_point"]) == ("tmpfs (memory)", str(target))
+        assert row["lock"]["kind"] == "flock"
+    text = subprocess.run([sys.executable, "-m", "sharedfs", "status", str(target)], capture_output=True, text=True,
+                          check=False).stdout
+    assert f"{target}: tmpfs (memory) (tmpfs at {target}), this node only" in text
