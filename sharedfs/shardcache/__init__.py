@@ -87,7 +87,12 @@ follows a symlink or rewrites a file through a path: records are created
 read with :func:`sharedfs.fs.safefile.read_untrusted` (no symlinks, no FIFOs, a size
 cap) and accepted only if they parse as a :class:`~sharedfs.model.records.HolderRecord`;
 a download is written into a directory only its process can write, reached
-through a descriptor (``/proc/<pid>/fd/<n>``) that nobody can swap.
+through a descriptor (``/proc/<pid>/fd/<n>``) that nobody can swap.  Eviction
+removes nothing by path: shards through the cache directory's descriptor, proven
+to be the directory this process first used at that name (device, inode, owner;
+a swapped cache skips the round with one line), and records through descriptors
+of the tree's parts, each entered without following a symlink; a file goes only
+while its name is still the file that was judged.
 
 Guarantees: a shard is downloaded at most once per cache while its first
 download succeeds (the claim makes this hold even where a new file stays

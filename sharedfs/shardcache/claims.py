@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import WaitTimeout
+from sharedfs.fs.directory import Changed, Directory
 from sharedfs.fs.recordfile import create_record, discard_if_same, identity
 from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.records import HolderRecord
-from sharedfs.shardcache.tree import LAG_BOUND, _current, _tree, _unlink, forget, key, layout
+from sharedfs.shardcache.tree import LAG_BOUND, _current, _tree, _unlink, forget, key, layout, open_part
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -72,23 +73,24 @@ def _create_record(path: str, record: HolderRecord, what: str, cache: str, team:
         raise
 
 
-def _read_record(path: str) -> tuple[HolderRecord | None, float]:
+def _read_record(path: str, *, dir_fd: int | None = None) -> tuple[HolderRecord | None, float]:
     """The record at ``path`` (``None`` if it is not one we could have written) and when it last changed.
 
-    Raises FileNotFoundError when ``path`` is gone.
+    Raises FileNotFoundError when ``path`` is gone.  With ``dir_fd``, ``path`` is a name in that directory.
     """
-    got = read_untrusted(path)
+    got = read_untrusted(path, dir_fd=dir_fd)
     if got is not None:
         data, st = got
         return HolderRecord.parse(data), st.st_mtime
-    return None, os.lstat(path).st_mtime  # a symlink, a FIFO, oversized or unreadable: its own age
+    # A symlink, a FIFO, oversized or unreadable: its own age.
+    return None, os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mtime
 
 
-def _alive(path: str, policy: Policy, *, now: float | None = None) -> bool:
-    """Whether the process that wrote the record ``path`` may still be using its shard."""
+def _alive(path: str, policy: Policy, *, now: float | None = None, dir_fd: int | None = None) -> bool:
+    """Whether the process that wrote the record ``path`` (a name in ``dir_fd``) may still be using its shard."""
     now = time.time() if now is None else now
     try:
-        record, changed = _read_record(path)
+        record, changed = _read_record(path, dir_fd=dir_fd)
     except FileNotFoundError:
         return False  # released while we looked
     if record is None:
@@ -141,22 +143,43 @@ class InUse:
 
 
 def readers(dest: str, policy: Policy | None = None) -> list[str]:
-    """In-use markers of live readers of ``dest`` (dead ones are removed on the way)."""
+    """In-use markers of live readers of ``dest`` (dead ones are removed on the way, by descriptor).
+
+    When ``inuse/`` is not sharedfs's directory any more (a member swapped it), nobody can tell:
+    the directory itself is returned, which keeps the shard.
+    """
     current = _current(policy)
     lay = layout(os.path.dirname(os.path.abspath(dest)), current)
-    directory = lay.part("inuse")
     prefix = key(os.path.basename(dest)) + "."
     try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+        inuse = open_part(lay, "inuse")
     except FileNotFoundError:
         return []
+    except Changed:
+        return [lay.part("inuse")]
+    with inuse:
+        return [inuse.join(name) for name in live_markers(inuse, current, prefix)]
+
+
+def live_markers(inuse: Directory, policy: Policy, prefix: str = "", now: float | None = None) -> list[str]:
+    """The names in ``inuse`` (starting with ``prefix``) of markers whose readers may be alive; dead ones removed.
+
+    Each is judged and removed relative to ``inuse``'s descriptor, and only while its name is
+    still the file that was judged.
+    """
     live = []
-    for name in names:
-        path = os.path.join(directory, name)
-        if _alive(path, current):
-            live.append(path)
+    for entry in inuse.listing():
+        name = entry.name
+        if not name.startswith(prefix):
+            continue
+        try:
+            judged = identity(inuse.lstat(name))
+        except FileNotFoundError:
+            continue
+        if _alive(name, policy, now=now, dir_fd=inuse.fd):
+            live.append(name)
         else:
-            _unlink(path)
+            inuse.unlink_if_same(name, judged)
     return live
 
 

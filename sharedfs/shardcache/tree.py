@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
 from sharedfs.fs import trustedpath
+from sharedfs.fs.directory import Directory
 from sharedfs.fs.publish import fsync_dir
 from sharedfs.fs.safefile import NOFOLLOW
+from sharedfs.model.records import user_name
 from sharedfs.model.structs import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +144,11 @@ def layout(cache_dir: str, policy: Policy | None = None) -> Layout:
 
 
 def forget(cache_dir: str) -> None:
-    """Forget what is known about ``cache_dir``'s layout (after someone removed the cache or its tree)."""
+    """Forget what is known about ``cache_dir``'s layout (after someone removed the cache or its tree).
+
+    Not the identity of the directory this process used there (:func:`open_cache`): only a cache
+    directory this process makes again replaces it, never one it merely finds at that name.
+    """
     absolute = os.path.abspath(cache_dir)
     _layouts.pop(absolute, None)
     _paths_of.pop(absolute, None)
@@ -313,7 +319,8 @@ def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str, str | N
     """The cache's real path, its sibling, its inside tree, and why the sibling must not be made (a planted link)."""
     known = _paths_of.get(absolute)
     if known is None:
-        if not os.path.isdir(absolute):
+        made = not os.path.isdir(absolute)
+        if made:
             from sharedfs.cluster.dirs import makedirs  # never FileExistsError on lagging storage (lingua#49)
 
             makedirs(absolute, timeout=_current(policy).wait_timeout)
@@ -331,7 +338,92 @@ def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str, str | N
         if len(os.path.basename(sibling)) > 240:  # NAME_MAX is 255 on every filesystem we meet
             sibling = os.path.join(os.path.dirname(real), f".{name[:160]}-{key(name)[-16:]}{SIBLING_SUFFIX}")
         known = _paths_of[absolute] = (real, sibling, os.path.join(real, META), planted)
+        if made or absolute not in _cache_ids:
+            _note_cache(absolute, real)
     return known
+
+
+#: The cache directory each cache path led to when this process first used it (or made it again):
+#: (st_dev, st_ino, st_uid).  What eviction removes shards from; never re-read from a name it finds later.
+_cache_ids: dict[str, tuple[int, int, int]] = {}
+
+
+class Swapped(Exception):
+    """A cache directory's name no longer leads to the directory this process used there: nothing in it is removed."""
+
+
+def _note_cache(absolute: str, real: str) -> None:
+    try:
+        fd = os.open(real, _DIR_FLAGS)
+    except OSError:
+        _cache_ids.pop(absolute, None)  # not a directory now: nothing can be proven, nothing will be removed
+        return
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    _cache_ids[absolute] = (st.st_dev, st.st_ino, st.st_uid)
+
+
+def open_cache(cache_dir: str, policy: Policy | None = None) -> Directory:
+    """``cache_dir`` open by descriptor, proven to be the directory this process first used (or made) there.
+
+    Shards are looked at and removed only through it.  Raises :class:`Swapped`, saying why, when the
+    cache is reached through a symlink someone else may have planted (:mod:`sharedfs.fs.trustedpath`),
+    when its name is a symlink now (``O_NOFOLLOW``), or when another directory (device, inode, owner)
+    took its place; :class:`FileNotFoundError` when it is gone.
+    """
+    absolute = os.path.abspath(cache_dir)
+    real, _, _, planted = _paths(absolute, policy)
+    if planted is not None:
+        raise Swapped(planted)
+    held = _cache_ids.get(absolute)
+    try:
+        fd = os.open(real, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Swapped(f"{real} is now {_what_is(real)}, not the directory this process used as the cache") from None
+        raise
+    st = os.fstat(fd)
+    if held != (st.st_dev, st.st_ino, st.st_uid):
+        os.close(fd)
+        was = f"inode {held[1]}, owner {user_name(held[2])}" if held else "unknown"
+        raise Swapped(f"{real} is another directory (inode {st.st_ino}, owner {user_name(st.st_uid)}) than "
+                      f"the one this process used as the cache ({was})")
+    return Directory(fd, real)
+
+
+def open_part(lay: Layout, name: str, cache: Directory | None = None) -> Directory:
+    """The part ``name`` (``inuse``, ``claims``...) of ``lay``'s coordination tree, open by descriptor.
+
+    In a team cache the tree is group-writable: a member may replace a part, or the sibling itself
+    (its parent is writable too), with a symlink to any directory of ours.  So the tree is entered
+    by name from its parent's descriptor, never through a symlink, and must be the tree this
+    process holds open (device and inode); the inside tree from ``cache``'s descriptor when given.
+    Raises :class:`~sharedfs.fs.directory.Changed` when something else is there now, and
+    :class:`FileNotFoundError` when it is missing.
+    """
+    with _open_tree(lay, cache) as tree:
+        return tree.subdirectory(name)
+
+
+def _open_tree(lay: Layout, cache: Directory | None) -> Directory:
+    if lay.inside and cache is not None:
+        return cache.subdirectory(META)
+    parent, name = os.path.split(lay.root)
+    held = None if lay.inside else _held.get(lay.root)
+    with Directory.open(parent) as up:
+        return up.subdirectory(name, (held[1], held[2]) if held is not None else None)
+
+
+def _what_is(path: str) -> str:
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return f"a symlink to {os.readlink(path)} (made by {user_name(st.st_uid)})"
+    except OSError:
+        pass
+    return "not a directory"
 
 
 def _is_dir(path: str) -> bool:
