@@ -64,6 +64,7 @@ TARGETS = {
     "diffusers": "diffusers.utils.dynamic_modules_utils",  # the same module cache, diffusers' own copy of it
     "torch_hub": "torch.hub",  # load_state_dict_from_url; imported by `import torch`
     "modelscope": "modelscope_hub._download",  # _optional_file_lock; imported by `import modelscope_hub`
+    "megatron": "megatron.core.datasets.gpt_dataset",  # GPTDataset's index cache (path_to_cache)
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:
