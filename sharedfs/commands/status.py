@@ -292,7 +292,9 @@ def _path_lines(row: dict[str, Any]) -> list[str]:
              + ("atomic" if fs["o_excl_atomic"] else "NOT atomic")
              + ("" if fs["hard_links"] is None else ", hard links " + ("yes" if fs["hard_links"] else "none"))]
     if "lock" in row:
-        lines.append(f"  sharedfs   : {row['lock']['kind']} ({row['lock']['reason']})")
+        kind = "NO lock (every lock taken here fails with NoSafeLockError)" if row["lock"]["kind"] == "none" \
+            else row["lock"]["kind"]
+        lines.append(f"  sharedfs   : {kind} ({row['lock']['reason']})")
     lines.extend(f"  note       : {note}" for note in fs["notes"])
     return lines
 
