@@ -52,8 +52,9 @@ from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 #: The files of one dataset split in ``path_to_cache``, after ``<md5>-GPTDataset-<split>-``.
 ARRAYS = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
 DESCRIPTION = "description.txt"
-#: The largest ``.npy`` header read (numpy's own ``max_header_size`` default).
-HEADER_LIMIT = 10000
+#: How much of a ``.npy`` file is read for its header: numpy pads a plain array's header to 128 bytes
+#: (64 before numpy 1.21); a longer one describes a dtype this does not read anyway.
+HEADER_LIMIT = 512
 MAGIC = b"\x93NUMPY"
 #: What sizes an array in a ``.npy`` header: a plain dtype (``'<i4'``) and the shape (``(12, 2)``).
 DESCR = re.compile(r"'descr':\s*'([<>|=]?[a-zA-Z]\d{0,2})'")
@@ -126,14 +127,14 @@ def _whole(path: str) -> bool:
     anything else (an object array, a header this does not parse, a pickle) is not whole: rebuilt.
     """
     try:
+        if not path.endswith(".npy"):
+            return stat.S_ISREG(os.lstat(path).st_mode)  # the description: megatron never reads it back
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return False
-        return not path.endswith(".npy") or info.st_size == _npy_size(os.pread(fd, HEADER_LIMIT, 0))
+        return stat.S_ISREG(info.st_mode) and info.st_size == _npy_size(os.pread(fd, HEADER_LIMIT, 0))
     except OSError:
         return False
     finally:
