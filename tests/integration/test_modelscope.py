@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import HELPERS, clean_env, require
+from helpers import HELPERS, clean_env, make_venv, require
 
 from sharedfs.testing.nodes import NodeResult, node_env, run_on_nodes
 
@@ -26,6 +26,8 @@ pytestmark = pytest.mark.slow
 WORKER = str(HELPERS / "msworker.py")
 STOCK = {"SHAREDFS_DISABLE": "modelscope"}
 UPSTREAM, SHIM = "modelscope_hub._download", "sharedfs.shims.modelscope"
+#: The hub with the last filelock that raises "use SoftFileLock instead" on ENOSYS (3.24.0 falls back itself).
+OLD_FILELOCK = ("modelscope-hub==0.5.1", "filelock==3.23.0")
 
 
 def outcome(result: NodeResult) -> dict:
@@ -35,8 +37,8 @@ def outcome(result: NodeResult) -> dict:
 
 
 def download_on_nodes(cache: Path, nodes: dict[str, int], extra: dict[str, str], *args: str,
-                      timeout: float = 120) -> list[dict]:
-    results = run_on_nodes([sys.executable, WORKER, str(cache), *args], nodes, env=clean_env(extra),
+                      timeout: float = 120, python: str = sys.executable) -> list[dict]:
+    results = run_on_nodes([python, WORKER, str(cache), *args], nodes, env=clean_env(extra),
                            timeout=timeout, cwd="/")
     return [outcome(result) for result in results]
 
@@ -138,3 +140,23 @@ def test_lustre_noflock_a_killed_holder_blocks_every_waiter_stock_and_is_taken_o
     taken = download_on_nodes(mount / "lease", {"b": 1, "c": 1}, lease)
     assert [entry["error"] for entry in taken if not entry["ok"]] == []
     assert time.monotonic() - started < 30
+
+
+def test_lustre_noflock_with_filelock_3_23_every_download_waits_out_the_deadline_stock_and_none_with_sharedfs(
+        hostile_mount, tmp_path: Path, sharedfs_wheel: Path) -> None:
+    """filelock < 3.24 raises "use SoftFileLock instead" on ENOSYS; the hub falls back to a ``SoftFileLock`` on the
+    file its failed flock just created, so even the first download on an empty cache waits for itself until the
+    hub's lock deadline.  After ``pip install sharedfs`` in the same venv every download works."""
+    venv = make_venv(tmp_path / "venv", *OLD_FILELOCK)
+    mount = hostile_mount("lustre-noflock").path
+    nodes = {"a": 1, "b": 1, "c": 1}
+    deadline = {"MODELSCOPE_DOWNLOAD_FILE_LOCK_TIMEOUT_SECONDS": "3"}
+
+    stock = download_on_nodes(mount / "stock", nodes, deadline, python=venv.python)
+    assert {entry["lock"] for entry in stock} == {UPSTREAM}  # no sharedfs in this venv yet
+    assert all(not entry["ok"] and entry["error"].startswith("_DownloadDeadlineError") for entry in stock), stock
+
+    venv.pip("install", str(sharedfs_wheel))
+    with_ = download_on_nodes(mount / "sharedfs", nodes, deadline, python=venv.python)
+    assert {entry["lock"] for entry in with_} == {SHIM}
+    assert [entry["error"] for entry in with_ if not entry["ok"]] == []
