@@ -10,7 +10,22 @@ this as one task per node, e.g.::
 
 The tasks meet in ``PATH/.sharedfs-crossnode-<job>.<step>`` (files only, no
 network: the path under test is the only channel) and the first node's task
-(the *leader*) holds each lock while every other node tries it:
+(the *leader*) holds each lock while every other node tries it.
+
+**Nothing outside the meeting place is opened, written or removed**, whoever runs the probe
+(root included).  PATH may be a team's directory, writable by every member and not sticky,
+and the meeting place's name must be one every node can find without another channel, so any
+member can know it in advance: he may put a symlink there, a directory of his full of symlinks
+to other users' files, or rename someone's results directory to that name (before the run or
+during it).  So the first task to ``mkdir`` the name makes it ``0700`` and opens it once
+(``O_NOFOLLOW``), checks it is the one it made (empty, private, owned as what it creates) and
+writes a record of the job step in it; every other node opens the name once, the same way, and
+uses it only if it is private, owned by the job's user (only she can write in it then) and holds
+that record.  From then on every file is made, read (size-capped) and renamed relative to that
+descriptor (new files ``O_CREAT|O_EXCL|O_NOFOLLOW``), so a swap of the name meanwhile changes
+nothing; the leader empties it by descriptor once every node said bye and removes it only while
+its name is still that directory.  A refused place is one line naming
+the fix (``chmod +t PATH``: in a sticky directory nobody renames or replaces another's entries).
 
 ``flock`` / ``posix``  another node's ``LOCK_EX|LOCK_NB`` while the leader
                       holds the lock: ``EWOULDBLOCK`` -> ``coherent``;
@@ -29,15 +44,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sharedfs.fs import oslocks
-from sharedfs.fs.publish import publish
-from sharedfs.fs.safefile import read_untrusted
+from sharedfs.fs.directory import Changed, Directory, identity
+from sharedfs.fs.recordfile import create_record_in
 from sharedfs.machinery import choices, runtime
 
 __all__ = ["CrossNodeError", "run"]
@@ -46,6 +61,8 @@ POLL = 0.02
 EXCL_NAMES = 20
 #: A node's posted report is a few kB of JSON; anything longer was not written by a task of this probe.
 REPORT_LIMIT = 1 << 20
+#: The record the task that made the meeting place writes in it first: the job step it is for.
+MADE = "made"
 
 
 class CrossNodeError(RuntimeError):
@@ -53,37 +70,43 @@ class CrossNodeError(RuntimeError):
 
 
 class _Meeting:
-    """File-based rendezvous of one task per node in ``workdir``."""
+    """File-based rendezvous of one task per node in the meeting place, held open as ``place``."""
 
-    def __init__(self, workdir: Path, node: str, nodes: int, timeout: float) -> None:
-        self.dir = workdir
+    def __init__(self, place: Directory, node: str, nodes: int, timeout: float) -> None:
+        self.place = place
         self.node = node
         self.nodes = nodes
         self.timeout = timeout
 
-    def _names(self) -> list[str]:
-        try:
-            return os.listdir(self.dir)  # a fresh readdir revalidates NFS's directory cache
-        except FileNotFoundError:
-            return []
+    def names(self) -> list[str]:
+        # A fresh open (of ".", relative to the one held) and readdir revalidates NFS's directory cache.
+        with self.place.subdirectory(".") as fresh:
+            return [entry.name for entry in fresh.listing()]
+
+    def create(self, name: str, data: str) -> None:
+        """Make the new file ``name`` here, holding ``data``: FileExistsError if the name exists in any form."""
+        os.close(create_record_in(self.place, name, data.encode(), 0o600))
 
     def post(self, name: str, data: Any = None) -> None:
         # Whole or not at all: other nodes poll for the name and read it at once.
-        publish(self.dir / f"{name}@{self.node}", json.dumps(data), durable=False)
+        final = f"{name}@{self.node}"
+        temp = f".{final}.{os.getpid()}.tmp"
+        self.create(temp, json.dumps(data))
+        os.rename(temp, final, src_dir_fd=self.place.fd, dst_dir_fd=self.place.fd)
 
     def gather(self, name: str) -> dict[str, Any]:
         """Wait until every node posted ``name``; returns {node: data}."""
         deadline = time.monotonic() + self.timeout
         prefix = f"{name}@"
         while True:
-            found = [n for n in self._names() if n.startswith(prefix)]
+            found = [n for n in self.names() if n.startswith(prefix)]
             if len(found) >= self.nodes:
                 out = {}
                 for entry in found:
-                    # The path under test is shared: any member may plant a FIFO, a symlink or a huge file
-                    # under a node's name. Read it as untrusted (no blocking open, no symlink, a size cap).
+                    # Only the job's user can write here, but read every post as untrusted anyway (no blocking
+                    # open, no symlink, a size cap): a FIFO or a huge file under a node's name never hangs us.
                     try:
-                        read = read_untrusted(str(self.dir / entry), REPORT_LIMIT)
+                        read = self.place.read_untrusted(entry, REPORT_LIMIT)
                         if read is None:
                             break  # not a report a task published: wait for the real ones (or the timeout)
                         out[entry[len(prefix):]] = json.loads(read[0])
@@ -94,7 +117,7 @@ class _Meeting:
             if time.monotonic() > deadline:
                 seen = sorted(n[len(prefix):] for n in found)
                 raise CrossNodeError(
-                    f"waited {self.timeout:g} s in {self.dir} for {self.nodes} nodes at step {name!r}, saw "
+                    f"waited {self.timeout:g} s in {self.place.path} for {self.nodes} nodes at step {name!r}, saw "
                     f"{seen or 'none'}. Start exactly one task per node (srun --ntasks-per-node=1), or raise "
                     "--timeout if new files reach other nodes this late.")
             time.sleep(POLL)
@@ -104,9 +127,9 @@ class _Meeting:
         return self.gather(name)
 
 
-def _try_lock(path: Path, kind: str) -> tuple[str, str | None]:
-    """('held'|'blocked'|'failed', errno name) for a non-blocking exclusive lock on a fresh fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _try_lock(meet: _Meeting, name: str, kind: str) -> tuple[str, str | None]:
+    """('held'|'blocked'|'failed', errno name) for a non-blocking exclusive lock on a fresh fd of the holder's file."""
+    fd = meet.place.open_file(name, os.O_RDWR)
     try:
         return oslocks.try_lock(fd, kind)
     finally:
@@ -114,9 +137,9 @@ def _try_lock(path: Path, kind: str) -> tuple[str, str | None]:
 
 
 def _lock_probe(meet: _Meeting, leader: bool, kind: str) -> dict[str, Any]:
-    path = meet.dir / f"{kind}.lck"
+    name = f"{kind}.lck"
     if leader:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = meet.place.create_exclusive(name, 0o600)
         try:
             state, failure = oslocks.try_lock(fd, kind)
             if state != "held":
@@ -138,7 +161,7 @@ def _lock_probe(meet: _Meeting, leader: bool, kind: str) -> dict[str, Any]:
     if not any(data and data.get("held") for data in holder.values()):
         meet.barrier(f"{kind}-tried")
         return {"result": "unsupported", "role": "tried", "detail": "the holder could not take the lock"}
-    state, failure = _try_lock(path, kind)
+    state, failure = _try_lock(meet, name, kind)
     mine = {"held": "node-local", "blocked": "coherent", "failed": "unsupported"}[state]
     report = {"result": mine, "errno": failure,
               "detail": {"held": f"got the {kind} lock while another node held it: it excludes only its own node",
@@ -154,7 +177,7 @@ def _excl_probe(meet: _Meeting) -> dict[str, Any]:
     won = []
     for i in range(EXCL_NAMES):
         try:
-            os.close(os.open(meet.dir / f"excl-{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.close(meet.place.create_exclusive(f"excl-{i}", 0o600))
         except FileExistsError:
             continue
         won.append(i)
@@ -172,12 +195,12 @@ def _excl_probe(meet: _Meeting) -> dict[str, Any]:
 
 def _visibility_probe(meet: _Meeting, timeout: float) -> dict[str, Any]:
     meet.barrier("vis-start")
-    (meet.dir / f"appear.{meet.node}").write_text(meet.node)
+    meet.create(f"appear.{meet.node}", meet.node)
     seen_after: dict[str, float] = {}
     start = time.monotonic()
     expected = set(meet.gather("vis-start")) - {meet.node}
     while True:
-        names = set(os.listdir(meet.dir))
+        names = set(meet.names())
         others = {n[len("appear."):] for n in names if n.startswith("appear.")} - {meet.node}
         for node in others - set(seen_after):
             seen_after[node] = round(time.monotonic() - start, 3)
@@ -201,6 +224,8 @@ def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
         raise CrossNodeError("--cross-node runs as one task per node of a Slurm step, e.g. "
                              "`srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node PATH`; "
                              "SLURM_JOB_ID / SLURM_STEP_NUM_NODES are not set here")
+    if os.sep in job + step:
+        raise CrossNodeError(f"SLURM_JOB_ID {job!r} / SLURM_STEP_ID {step!r} are not a Slurm job and step id")
     nodes = int(nodes_text)
     base = Path(path).resolve()
     if not base.is_dir():
@@ -212,19 +237,31 @@ def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
         return report
     if nodes < 2:
         raise CrossNodeError("--cross-node needs tasks on at least 2 nodes (srun -N 2 ...)")
-    workdir = base / f".sharedfs-crossnode-{job}.{step}"
     try:
-        os.mkdir(workdir)
-    except FileExistsError:
-        pass
-    meet = _Meeting(workdir, node, nodes, timeout)
+        parent = Directory.open(str(base))  # held for the whole run: the meeting place is found and removed in it
+    except OSError as exc:
+        raise CrossNodeError(f"cannot open {base} on node {node}: {exc.strerror or exc}") from None
+    with parent:
+        with _meeting_place(parent, f".sharedfs-crossnode-{job}.{step}", f"{job}.{step}", node, timeout) as place:
+            meet = _Meeting(place, node, nodes, timeout)
+            if _meet(meet, report, str(base)):  # the leader: it heard every node's bye, nobody reads here any more
+                report["cleanup"] = _remove(parent, place)
+    return report
+
+
+def _meet(meet: _Meeting, report: dict[str, Any], base: str) -> bool:
+    """The probes, in the meeting place; this node's findings (and the leader's verdict) go into ``report``.
+
+    True for the leader, which waits for every other node's bye (and so prints last, after srun merged theirs).
+    """
     hello = meet.barrier("hello")
-    leader = min(hello) == node
-    if len(hello) != nodes:
-        raise CrossNodeError(f"expected {nodes} nodes, met {sorted(hello)}: are two tasks reporting the same node id?")
+    leader = min(hello) == meet.node
+    if len(hello) != meet.nodes:
+        raise CrossNodeError(f"expected {meet.nodes} nodes, met {sorted(hello)}: are two tasks reporting the same "
+                             "node id?")
     report.update(role="leader" if leader else "member", nodes=sorted(hello))
     probes = {
-        "visibility": _visibility_probe(meet, timeout),
+        "visibility": _visibility_probe(meet, meet.timeout),
         "flock": _lock_probe(meet, leader, "flock"),
         "posix": _lock_probe(meet, leader, "posix"),
         "o_excl": _excl_probe(meet),
@@ -233,12 +270,123 @@ def run(path: str, *, timeout: float = 30.0) -> dict[str, Any]:
     meet.post("report", probes)
     everyone = meet.gather("report")
     if leader:
-        report["verdict"] = _verdict(everyone, str(base))
-        meet.barrier("bye")  # nobody reads the meeting place any more
-        shutil.rmtree(workdir, ignore_errors=True)
+        report["verdict"] = _verdict(everyone, base)
+        meet.barrier("bye")
     else:
-        meet.post("bye")
-    return report
+        meet.post("bye")  # this node reads nothing here any more
+    return leader
+
+
+# -- the meeting place --------------------------------------------------------------------------------
+
+
+def _meeting_place(parent: Directory, name: str, step: str, node: str, timeout: float) -> Directory:
+    """The meeting place ``name`` in ``parent``, open and checked.
+
+    The first task to ``mkdir`` it makes it ``0700``; the others find it there.  Whoever else may
+    write ``parent`` may have put something at that name, or swap it in between the ``mkdir`` and
+    the open: it is opened once without following a symlink and used only if it is a directory of
+    the job's user that nobody else may enter, empty (the task that made it) or holding the record
+    of this job step that task writes first (every other task).
+    """
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent.fd)
+        made = True
+    except FileExistsError:
+        made = False
+    except OSError as exc:
+        raise CrossNodeError(f"cannot create the meeting place {parent.join(name)} on node {node}: "
+                             f"{exc.strerror or exc}") from None
+    try:
+        place = parent.subdirectory(name)
+    except Changed:
+        raise _refused(parent, name, "it is a symlink or a file, not a directory") from None
+    except FileNotFoundError:
+        raise _refused(parent, name, "it was removed or renamed as soon as it was made") from None
+    try:
+        _check_private(parent, place, name, node, made)
+        if made:
+            os.close(create_record_in(place, MADE, json.dumps({"step": step, "node": node}).encode(), 0o600))
+        else:
+            _wait_for_record(parent, place, name, step, timeout)
+    except BaseException:
+        place.close()
+        raise
+    return place
+
+
+def _check_private(parent: Directory, place: Directory, name: str, node: str, made: bool) -> None:
+    """Refuse ``place`` unless only the job's user may change it (and, if this task made it, it is empty)."""
+    st = place.stat()
+    if st.st_mode & 0o077:
+        raise _refused(parent, name, f"it is mode {stat.S_IMODE(st.st_mode):o}, not the 0700 a task of this step "
+                       "makes it")
+    if made and place.listing():
+        raise _refused(parent, name, "it is not the empty directory this task just made")
+    if st.st_uid != _creator(place, node, st.st_uid):
+        raise _refused(parent, name, f"it belongs to uid {st.st_uid}, not to the user running this job")
+
+
+def _creator(place: Directory, node: str, owner: int) -> int:
+    """The owner this filesystem gives what this process creates in ``place``.
+
+    This user; or, for root, the uid an NFS export squashes root to (then the owner of the
+    directory its task made too), learnt from a file made and removed at once.
+    """
+    uid = os.geteuid()
+    if uid != 0 or owner == 0:
+        return uid
+    probe = f".owner@{node}"
+    try:
+        fd = place.create_exclusive(probe, 0o600)
+    except OSError:
+        return -1  # root cannot even create a file here: not a place its tasks made
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        place.discard_if_same(probe, identity(fd))
+        os.close(fd)
+
+
+def _wait_for_record(parent: Directory, place: Directory, name: str, step: str, timeout: float) -> None:
+    """Wait (up to ``timeout``) for the record of job step ``step`` the task that made ``place`` writes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            read = place.read_untrusted(MADE)
+            if read is not None and json.loads(read[0]).get("step") == step:
+                return
+        except (OSError, ValueError, AttributeError):
+            pass  # not there yet (or not yet whole on this node): look again
+        if time.monotonic() > deadline:
+            raise _refused(parent, name, f"no task of job step {step} made it (after {timeout:g} s it holds no "
+                           "record of one)")
+        time.sleep(POLL)
+
+
+def _refused(parent: Directory, name: str, why: str) -> CrossNodeError:
+    fix = ("" if parent.stat().st_mode & stat.S_ISVTX else
+           f": any writer of {parent.path} can put one there, as it is not sticky (`chmod +t {parent.path}` stops it)")
+    return CrossNodeError(f"{parent.join(name)} is not a meeting place a task of this job made ({why}), so nothing "
+                          f"was tested{fix}. Run the probe again in a new job step (a new name).")
+
+
+def _remove(parent: Directory, place: Directory) -> str:
+    """Empty the meeting place through its descriptor; remove it while its name is still it."""
+    for entry in place.listing():  # only the job's user can have made these: it is private, and was checked so
+        if not entry.is_dir(follow_symlinks=False):
+            try:
+                os.unlink(entry.name, dir_fd=place.fd)
+            except FileNotFoundError:
+                pass
+    name = os.path.basename(place.path)
+    if not parent.names(name, identity(place.fd)):
+        return (f"emptied the meeting place, but it is no longer at {place.path} (someone renamed it): the empty "
+                "directory stays where it was moved")
+    # Between that look and this rmdir only an empty directory can go: anyone who could have renamed ours away
+    # (a writer of a directory that is not sticky) may remove an empty directory there too.
+    os.rmdir(name, dir_fd=parent.fd)
+    return f"removed {place.path}"
 
 
 def _verdict(reports: dict[str, Any], path: str) -> dict[str, Any]:
@@ -282,4 +430,6 @@ def format_report(report: dict[str, Any]) -> str:
         v = report["verdict"]
         lines.append(f"  verdict across nodes: flock {v['flock']}, POSIX locks {v['posix']}, O_EXCL {v['o_excl']}, "
                      f"visibility {v['visibility']}; use a {v['lock_to_use']} lock here")
+    if not report.get("cleanup", "removed").startswith("removed"):
+        lines.append(f"  cleanup    : {report['cleanup']}")
     return "\n".join(lines)

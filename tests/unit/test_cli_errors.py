@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,17 +180,21 @@ def test_ctrl_c_ends_a_command_in_one_line(tmp_path: Path) -> None:
 
 
 def test_a_fifo_planted_in_the_cross_node_meeting_place_does_not_hang_doctor(tmp_path: Path) -> None:
-    """Any member of the group can create files in the shared path under test: a FIFO named like another node's
-    post (`hello@b`) made `doctor --cross-node` block for ever in its read (no writer ever comes). Now it is read
-    as untrusted (no blocking open), and the probe ends at its --timeout with one line."""
+    """A FIFO named like another node's post (`hello@b`) made `doctor --cross-node` block for ever in its read (no
+    writer ever comes). Now it is read as untrusted (no blocking open), and the probe ends at its --timeout with one
+    line. (The meeting place is private to the job's user now: the FIFO is put there once doctor made it.)"""
     meeting = tmp_path / ".sharedfs-crossnode-42.0"
-    meeting.mkdir()
-    os.mkfifo(meeting / "hello@b")
     env = clean_env({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_NODES": "2", "SHAREDFS_NODE_ID": "a"})
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sharedfs", "doctor", "--cross-node", "--timeout", "2",
-                               str(tmp_path)], capture_output=True, text=True, env=env, timeout=60, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail("doctor --cross-node still blocked on the planted FIFO after 60 s (its --timeout is 2 s)")
+    cmd = [sys.executable, "-m", "sharedfs", "doctor", "--cross-node", "--timeout", "2", str(tmp_path)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as running:
+        while not (meeting / "hello@a").exists() and running.poll() is None:  # it waits for b now
+            time.sleep(0.005)
+        os.mkfifo(meeting / "hello@b")
+        try:
+            out, err = running.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            running.kill()
+            pytest.fail("doctor --cross-node still blocked on the planted FIFO after 60 s (its --timeout is 2 s)")
+    proc = subprocess.CompletedProcess(cmd, running.returncode, out, err)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("sharedfs doctor --cross-node: waited 2 s in ") and proc.stderr.count("\n") == 1
