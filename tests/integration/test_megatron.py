@@ -129,6 +129,7 @@ def test_a_shuffle_index_cut_short_by_a_killed_job_fails_every_rerun_stock_and_i
         assert failures(with_) == []
     assert short.stat().st_size > size
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []  # no private build directory left
+    print(f"killed writer: shuffle index {size} of {short.stat().st_size} bytes; 2 of 2 reruns fail stock, 0 of 2 with sharedfs")
 
 
 @pytest.mark.long

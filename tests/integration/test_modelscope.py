@@ -139,7 +139,9 @@ def test_lustre_noflock_a_killed_holder_blocks_every_waiter_stock_and_is_taken_o
     started = time.monotonic()
     taken = download_on_nodes(mount / "lease", {"b": 1, "c": 1}, lease)
     assert [entry["error"] for entry in taken if not entry["ok"]] == []
-    assert time.monotonic() - started < 30
+    took = time.monotonic() - started
+    assert took < 30
+    print(f"lustre-noflock, killed holder: 2 of 2 waiters fail stock; taken over with lease locks in {took:.1f} s")
 
 
 def test_lustre_noflock_with_filelock_3_23_every_download_waits_out_the_deadline_stock_and_none_with_sharedfs(
