@@ -167,10 +167,14 @@ def _npy_size(head: bytes) -> int | None:
 
 
 def _wait_whole(path: str, policy: Policy) -> None:
-    """Until rank 0's file is visible and whole here; a node-local cache that lacks it is explained."""
+    """Until rank 0's file is visible and whole here; a node-local cache that lacks it is explained.
+
+    On node-local storage there is no lag to wait out: rank 0 published the file before the barrier,
+    so one missing or short here was built on another node's disk (a short one is another job's leftover).
+    """
     if _whole(path):
         return
-    if not os.path.lexists(path) and _node_local(os.path.dirname(path)):
+    if _node_local(os.path.dirname(path)):
         raise NodeLocalIndexCacheError(_node_local_message(path, policy))
     wait_for(path, what=f"megatron's index file {path}")
     wait_for(lambda: _whole(path), what=f"megatron's index file {path} to be whole (rank 0 writes it)")
@@ -186,7 +190,7 @@ def _node_local(directory: str) -> bool:
 
 def _node_local_message(path: str, policy: Policy) -> str:
     return (
-        f"megatron's dataset index file {path} does not exist on this node ({policy.node_id}): its "
+        f"megatron's dataset index file {path} is missing or incomplete on this node ({policy.node_id}): its "
         f"path_to_cache, {os.path.dirname(path)}, is on node-local storage, and global rank 0 built the "
         "index files there on its own node before the barrier. Every rank loads them from path_to_cache, "
         "so in a multi-node job it must be a directory every node shares: set path_to_cache "

@@ -165,5 +165,5 @@ def test_a_node_local_path_to_cache_in_a_multi_node_job_is_explained(tmp_path: P
     assert with_[0]["ok"], with_
     error = with_[1]["error"]
     assert error.startswith("NodeLocalIndexCacheError: megatron's dataset index file "), error
-    assert "node-local storage" in error and "set path_to_cache" in error and "on this node (b)" in error
+    assert "node-local storage" in error and "set path_to_cache" in error and "incomplete on this node (b)" in error
     assert not os.path.exists(tmp_path / "sharedfs" / "b" / "megatron-cache")
