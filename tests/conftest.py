@@ -12,7 +12,7 @@ import pytest
 from helpers import DATASETS_REQ, ROOT, Venv, make_venv
 from helpers.perrun import built_once_per_run
 
-pytest_plugins = ["sharedfs.testing.pytest.plugin"]
+pytest_plugins = ["sharedfs.testing.pytest.plugin", "sharedfs.testing.pytest.realfs"]
 
 # tests/upstream/ holds the runner of the frameworks' own suites (CI calls `python
 # tests/upstream/run.py`) and their glue (a `tests` package each): never part of this run.  Not a
