@@ -73,15 +73,25 @@ SWAPPER = textwrap.dedent("""
                 os.rename(entry.path, os.path.join(team, f"moved-{len(seen)}"))
             except OSError:
                 continue
-            if mode == "links":
-                os.mkdir(entry.path, 0o777)
-                for name, target in links:
+            try:
+                if mode == "links":
+                    os.mkdir(entry.path, 0o777)
+                else:
+                    os.rename(results, entry.path)
+            except OSError:
+                continue  # a task made the name again first: no swap this time
+            # The tasks go on at once, in whatever is at the name now: a name they made first stays theirs.
+            for name, target in links if mode == "links" else []:
+                try:
                     os.symlink(target, os.path.join(entry.path, name))
-            else:
-                os.rename(results, entry.path)
+                except FileExistsError:
+                    pass
             for node in %r:
-                with open(os.path.join(entry.path, f"hello@{node}"), "x") as forged:
-                    forged.write("null")
+                try:
+                    with open(os.path.join(entry.path, f"hello@{node}"), "x") as forged:
+                        forged.write("null")
+                except FileExistsError:
+                    pass
             swaps += 1
         time.sleep(0.0005)
     print(swaps, flush=True)
