@@ -42,7 +42,7 @@ import filelock
 from sharedfs.cluster import gates
 from sharedfs.errors import ConfigError, LockTimeout
 from sharedfs.fs import oslocks
-from sharedfs.locks import _marker
+from sharedfs.locks import _handover, _marker
 from sharedfs.locks._kinds import DEFAULT_MODE, KINDS, Existence, Hold, Native, NativeLockRefused, Target
 from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
 from sharedfs.machinery import choices, runtime
@@ -68,10 +68,11 @@ class _Wait(threading.local):
     pause = MIN_POLL
     missed = False
     gate: int | None = None
+    asked = 0.0  # when this wait last asked another node's holders for a turn (_handover)
 
     def end(self) -> None:
         """Back to the starting values (the gate, if any, is the caller's to keep or leave)."""
-        self.started, self.next_attempt, self.pause, self.missed = None, 0.0, MIN_POLL, False
+        self.started, self.next_attempt, self.pause, self.missed, self.asked = None, 0.0, MIN_POLL, False, 0.0
 
 
 class _State:
@@ -92,6 +93,8 @@ class _State:
         #: happened (its context's ``unlock_uncertain``); _release keeps that flag as filelock's own does.
         self.marks_uncertain = marks_uncertain
         self.kind: Native | Existence = KINDS[choice.kind](self.target, runtime.registry().holder_alive)
+        #: What the next holder on another node must wait out (None: a mount whose clients cache nothing).
+        self.handover = _handover_for(self.target)
         self.holds: dict[int, Hold] = {}
         self.waits = _Wait()  # per thread: when this wait began, next attempt, pause
         #: The lock file was given as a relative path (resolved again by each acquisition).
@@ -229,6 +232,16 @@ class SharedFSLockMixin:
         if hold is None:
             self._sharedfs_missed(state, time.monotonic())
             return
+        if state.handover is not None:
+            try:
+                state.handover.arrive()  # what the previous holder wrote is what this one reads
+            except _handover.Yield:
+                _let_go(hold)  # a waiter on another node asked for a turn
+                self._sharedfs_missed(state, time.monotonic())
+                return
+            except BaseException:
+                _let_go(hold)
+                raise
         if wait is not None:
             hold.gate, wait.gate = wait.gate, None
             state.end_wait(wait)
@@ -269,6 +282,8 @@ class SharedFSLockMixin:
         # in between leaves a hold that filelock still reports and a retried release completes.
         hold = state.holds.get(fd)
         if hold is not None:
+            if state.handover is not None and hold.pid == os.getpid():
+                state.handover.depart()  # still held: the next holder learns this node wrote last
             if state.marks_uncertain:
                 # As filelock >= 4.3's own _release (tox-dev/filelock#1098): an error raised from here on (a
                 # signal handler's, or the unlock's own) may come after the kernel let go.  Until a retried
@@ -302,6 +317,11 @@ class SharedFSLockMixin:
             pause = wait.pause
             wait.next_attempt = now + pause * random.uniform(0.75, 1.25)
             wait.pause = min(pause * 2, state.target.policy.poll_interval)
+        handover = state.handover
+        if handover is not None and wait.started is not None and now - wait.started >= handover.ask_after \
+                and now - wait.asked >= handover.ask_after:
+            wait.asked = now
+            handover.ask()  # holders on other nodes let go for a turn of this node's
         started = wait.started
         if started is not None and now - started >= wait.report_after:
             # A silent hang at 3 a.m. is the worst failure: say whom we wait for.
@@ -347,6 +367,18 @@ class SharedFSLockMixin:
 
 class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
     """What :func:`sharedfs.lock` returns: a filelock lock whose kind suits its filesystem."""
+
+
+def _handover_for(target: Target) -> _handover.Handover | None:
+    """The handover rule for a lock on a mount whose clients cache metadata (one per lock object)."""
+    fs = choices.filesystem(os.path.dirname(target.lock_file) or ".")
+    if not fs.shared:
+        return None
+    settle = _handover.settle_seconds(fs)
+    if settle <= 0:
+        return None
+    return _handover.Handover(target.lock_file, settle, target.policy.node_id, target.mode,
+                              target.policy.poll_interval)
 
 
 def _close(hold: Hold) -> None:

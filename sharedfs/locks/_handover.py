@@ -1,0 +1,253 @@
+"""What the next holder sees: a lock handed to another node waits out that node's client caches.
+
+A FUSE client (JuiceFS, MooseFS, GlusterFS) keeps each node's kernel dentry, attribute and
+negative-lookup caches for the timeouts it was mounted with.  flock excludes across clients,
+yet the next holder on node b opens a name node a just renamed over and gets the old inode
+from b's dentry cache, or finds a file a just created "missing" (docs/consistency.md has the
+measurements).  The lock cannot know which names its holder touched, so the rule is about time:
+
+* the holder writes its node into ``<lock>.last`` before it lets go (one inode, rewritten in
+  place: a fresh open reads what the server has, where a replaced name would not);
+* the next holder reads it before ``acquire()`` returns: written by its own node (one kernel,
+  one cache) or by nobody yet, it goes on at once; otherwise (another node, or cannot tell) it
+  holds the lock for the longest metadata cache timeout the mount declares, after which every
+  entry cached before the previous holder's writes has expired;
+* a waiter that waited :data:`ASK_AFTER` seconds writes ``<lock>.want``; a holder of another node
+  that finds it lets go again (for at most :data:`HONOUR_FOR` per ask), so waiters on the
+  holder's node, which see a release first, cannot starve another node's.
+
+Mounts that declare no cache timeout pay nothing: the lock has no :class:`Handover` there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import stat
+import threading
+import time
+
+from sharedfs.fs.directory import Directory, identity
+from sharedfs.model.fsinfo import FsInfo, FuseClient, Mount, client_options, fuse_client
+
+log = logging.getLogger("sharedfs")
+
+LAST_SUFFIX = ".last"
+WANT_SUFFIX = ".want"
+#: Both records are this long, so an attribute cache holding a stale size still reads all of one.
+RECORD_SIZE = 64
+#: Longest cache timeout taken from a mount's options (a typo such as 3600 would stall every handover).
+MAX_SETTLE = 60.0
+
+_RECORD = re.compile(rb"sharedfs (last|want) node=([0-9a-f]{16})\n *")
+
+#: sharedfs's own FUSE fake (``sharedfs.testing.hostilefs``): its ``lagging`` profile hides one node's new
+#: entries from the others for ``--lag-ms``, as a negative-lookup cache would.
+_HOSTILEFS = FuseClient("hostilefs", "fuse", ("fuse.hostilefs",), "node-local", "node-local", True, True,
+                        daemons=("hostilefs.py",), caches=(("profile", None), ("lag-ms", "2000")))
+
+_settles: dict[tuple[int, str], float] = {}
+_guard = threading.Lock()
+_said: set[str] = set()
+
+#: What handovers cost this process (read by benchmarks and tests): cross-node waits and their seconds,
+#: handovers that needed none, and acquisitions given back to another node's waiter.
+stats = {"waits": 0, "waited": 0.0, "same_node": 0, "first": 0, "yields": 0}
+
+
+class Yield(Exception):
+    """A waiter on another node asked for a turn: this acquisition lets go and waits instead."""
+
+
+def settle_seconds(fs: FsInfo) -> float:
+    """The longest metadata cache timeout the mount of ``fs`` declares (0: none, or not a caching client)."""
+    mount = fs.mount
+    key = (mount.mount_id, mount.mount_point)
+    found = _settles.get(key)
+    if found is None:
+        found = min(_declared(mount), MAX_SETTLE)
+        with _guard:
+            _settles[key] = found
+    return found
+
+
+def _declared(mount: Mount) -> float:
+    if mount.fstype == "fuse.hostilefs":
+        seen = client_options(mount, _HOSTILEFS) or {}
+        if "lagging" not in (seen.get("profile") or "").split("+"):
+            return 0.0
+        return _seconds(seen.get("lag-ms") or "2000") / 1000
+    client = fuse_client(mount)
+    if client is None or client.bucket:  # a bucket mount gets no lock at all (plugins/locking.py)
+        return 0.0
+    # Options the client runs with (its command line, MooseFS's .params); absent ones have their default.
+    options = mount.client_options or {}
+    longest = 0.0
+    for name, default in client.caches:
+        value = options.get(name) or default
+        if value is not None:
+            longest = max(longest, _seconds(value))
+    return longest
+
+
+def _seconds(text: str) -> float:
+    """``3``, ``3.000``, ``3s``, ``500ms`` -> seconds (0 for what is not a number)."""
+    text = text.strip().lower()
+    scale = 1.0
+    if text.endswith("ms"):
+        text, scale = text[:-2], 0.001
+    elif text.endswith("s"):
+        text = text[:-1]
+    try:
+        value = float(text) * scale
+    except ValueError:
+        return 0.0
+    return value if value > 0 else 0.0
+
+
+def _tag(node_id: str) -> bytes:
+    return hashlib.sha256(node_id.encode("utf-8", "surrogateescape")).hexdigest()[:16].encode()
+
+
+def _record(kind: str, tag: bytes) -> bytes:
+    return f"sharedfs {kind} node={tag.decode()}\n".encode().ljust(RECORD_SIZE)
+
+
+def _parse(data: bytes, kind: str) -> bytes | None:
+    found = _RECORD.fullmatch(data)
+    return found.group(2) if found and found.group(1) == kind.encode() else None
+
+
+def _say_once(key: str, message: str, *args: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
+
+
+#: Asks this process has honoured, by file identity: when it first let go for each.
+_honoured: dict[tuple[int, int], float] = {}
+
+
+class Handover:
+    """The handover rule of one lock file on a mount whose clients cache for ``settle`` seconds."""
+
+    def __init__(self, lock_file: str, settle: float, node_id: str, mode: int, poll_interval: float) -> None:
+        self.directory, base = os.path.split(lock_file)
+        self.directory = self.directory or "."
+        self.last, self.want = base + LAST_SUFFIX, base + WANT_SUFFIX
+        self.settle = settle
+        self.tag = _tag(node_id)
+        self.mode = mode
+        #: A waiter asks for a turn after this long; a holder honours one ask this long at most.
+        self.ask_after = settle + 2 * poll_interval
+        self.honour_for = 2 * settle + 4 * poll_interval + 2.0
+
+    # -- the new holder ---------------------------------------------------------------------------
+
+    def arrive(self) -> None:
+        """Before ``acquire()`` returns: let go for another node's ask (:class:`Yield`), or wait out its caches."""
+        try:
+            where = Directory.open(self.directory)
+        except OSError:
+            previous = None
+        else:
+            with where:
+                self._honour_ask(where)
+                previous = self._previous(where)
+        if previous == self.tag:
+            stats["same_node"] += 1
+        elif previous == b"":
+            stats["first"] += 1
+        else:  # another node's, or cannot tell: every entry this node cached before its writes expires meanwhile
+            stats["waits"] += 1
+            stats["waited"] += self.settle
+            time.sleep(self.settle)
+
+    def _previous(self, where: Directory) -> bytes | None:
+        """The last holder's node tag; ``b""`` for a lock nobody released yet; ``None``: cannot tell."""
+        try:
+            fd = where.open_file(self.last, os.O_RDONLY)
+        except FileNotFoundError:
+            try:  # asked of the server (an exclusive create revalidates the name): nobody released it yet
+                os.close(where.create_exclusive(self.last, self.mode))
+                return b""
+            except OSError:
+                return None  # created meanwhile by a node whose entry this one does not see yet
+        except OSError:
+            return None  # ESTALE (replaced elsewhere), not a file we may read: cannot tell
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            # In place on one inode: the server has the last write; this node's page cache may not.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            return _parse(os.pread(fd, RECORD_SIZE, 0), "last")
+        except OSError:
+            return None
+        finally:
+            _close_quietly(fd)
+
+    def _honour_ask(self, where: Directory) -> None:
+        try:
+            got = where.read_untrusted(self.want)
+        except OSError:  # none, or one replaced meanwhile (ESTALE): no ask to honour
+            return
+        if got is None:
+            return
+        tag = _parse(got[0], "want")
+        if tag is None:
+            return
+        asked = identity(got[1])
+        if tag != self.tag:
+            first = _honoured.setdefault(asked, time.monotonic())
+            if time.monotonic() - first < self.honour_for:
+                stats["yields"] += 1
+                raise Yield
+        # This node's turn came (or the asker never took it): the ask is answered.
+        where.discard_if_same(self.want, asked)
+        _honoured.pop(asked, None)
+
+    # -- the holder letting go ----------------------------------------------------------------------
+
+    def depart(self) -> None:
+        """While still holding: record this node as the last holder.  Never raises."""
+        try:
+            with Directory.open(self.directory) as where:
+                try:
+                    fd = where.open_file(self.last, os.O_WRONLY | os.O_CREAT)
+                    try:
+                        if os.pwrite(fd, _record("last", self.tag), 0) != RECORD_SIZE:
+                            raise OSError("short write")
+                    finally:
+                        os.close(fd)  # the close sends the write to the server
+                except OSError as exc:
+                    # An older record must not speak for this holder: without it the next one waits.
+                    where.unlink_quietly(self.last)
+                    _say_once(self.last, "could not record this node as the last holder in %s (%s): the next "
+                              "holder on another node may miss this one's writes for a few seconds; let every "
+                              "user of the lock write it (chmod g+w, or remove it: rm -f %s)",
+                              where.join(self.last), exc, where.join(self.last))
+        except OSError:
+            pass
+
+    # -- a waiter ---------------------------------------------------------------------------------
+
+    def ask(self) -> None:
+        """Ask holders on other nodes for a turn (an existing ask, anyone's, already does)."""
+        try:
+            with Directory.open(self.directory) as where:
+                fd = where.create_exclusive(self.want, self.mode)
+                try:
+                    os.write(fd, _record("want", self.tag))
+                finally:
+                    os.close(fd)
+        except OSError:
+            pass
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
