@@ -10,8 +10,10 @@ user cannot add to, or rewrite, what the first user's umask made (diffusers#1517
 
 The shim applies what the transformers shim applies (:mod:`sharedfs.modulecache.fill`): each copy
 published whole under a lock on its directory, a file already holding the same content left alone
-(no rewrite per load), the mode from the umask, and ``HF_MODULES_CACHE`` watched as a team cache
-(:mod:`sharedfs.cluster.teamfiles`).
+(no rewrite per load), the mode from the umask, ``HF_MODULES_CACHE`` watched as a team cache
+(:mod:`sharedfs.cluster.teamfiles`, a code root: ``local/`` is sticky, module files are the group's
+to read, never to write), and what diffusers will import checked first
+(:mod:`sharedfs.modulecache.verify`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from sharedfs.cluster import teamfiles
+from sharedfs.modulecache import verify
 from sharedfs.modulecache.fill import ShutilView, fill_once
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
@@ -32,9 +35,12 @@ class DiffusersShim(Shim):
     supported = ">=0.42,<0.43"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        self.patcher.setattr(module, "get_cached_module_file", fill_once(module.get_cached_module_file))
+        def check(found: str) -> None:
+            verify.check_import(module.HF_MODULES_CACHE, found, module.get_relative_imports)
+
+        self.patcher.setattr(module, "get_cached_module_file", fill_once(module.get_cached_module_file, check))
         self.patcher.setattr(module, "shutil", ShutilView(policy, module.shutil))
-        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher)
+        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=True)
 
 
 @hookimpl

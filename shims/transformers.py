@@ -24,18 +24,23 @@ whose ``copyfile`` and ``copy`` publish each file whole, once, under a lock on t
 directory while other ranks wait (:mod:`sharedfs.modulecache.fill`); everything else the
 module does -- the checks, the ``__init__.py`` files, the import and its hash -- is
 transformers' own.  ``HF_MODULES_CACHE`` is watched as the hub and datasets caches are
-(:mod:`sharedfs.cluster.teamfiles`): in a team cache, what this process creates there
-(directories, ``__init__.py``, module files, ``__pycache__``) becomes the group's, and a root
-reached through a symlink another member may have planted is refused.
+(:mod:`sharedfs.cluster.teamfiles`, a code root): in a team cache, what this process creates
+there (directories, ``__init__.py``, module files, ``__pycache__``) becomes the group's to read and
+to add to -- directories sticky, files never group-writable -- and a root reached through a symlink
+another member may have planted is refused.  Before transformers imports from a team cache, what it
+will execute is checked (:mod:`sharedfs.modulecache.verify`); a local model's folder only ever gets
+the revision its hash names (``_compute_local_source_files_hash``, wrapped to remember it).
 """
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.cluster import teamfiles
-from sharedfs.modulecache.fill import ShutilView, fill_once
+from sharedfs.modulecache import verify
+from sharedfs.modulecache.fill import ShutilView, fill_once, hashing
 from sharedfs.types import Policy, RebindingShim, Shim, ShimContext, hookimpl
 
 
@@ -51,12 +56,21 @@ class TransformersShim(RebindingShim):
     package = "transformers"  # transformers.generation.utils binds it by name
 
     def replacement(self, original: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
-        return fill_once(original)
+        module = sys.modules[original.__module__]  # transformers.dynamic_module_utils, being patched
+
+        def check(found: str) -> None:
+            verify.check_import(module.HF_MODULES_CACHE, found, module.get_relative_imports)
+
+        return fill_once(original, check)
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         super().apply(module, policy, context)
         self.patcher.setattr(module, "shutil", ShutilView(policy, module.shutil))
-        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher)
+        # 5.x names a local model's folder by this hash: a fill checks what it copies against it.
+        if hasattr(module, "_compute_local_source_files_hash"):
+            self.patcher.setattr(module, "_compute_local_source_files_hash",
+                                 hashing(module._compute_local_source_files_hash))
+        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=True)
 
 
 @hookimpl

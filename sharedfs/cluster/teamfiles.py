@@ -43,6 +43,11 @@ cache root is *given* to the group afterwards:
   (``/proc/self/fd``) must still lie under the root; then it gets the team's group
   and the group's bits: files ``g+rw`` (``g+x`` where the owner has ``x``),
   directories ``g+rwx`` and setgid.  Bits for others are never added.
+  Under a **code root** (a module cache: ``watch(..., code=True)``), what the group gets is
+  read, never write: files ``g+r`` (``g+x`` where the owner has ``x``) with the group's and
+  others' write bits taken away, directories ``g+rwx``, setgid and *sticky*, so that members
+  add their own modules beside yours but nobody but an entry's owner changes, renames or
+  removes it: a module file is code every member's process may import.
 
 Which roots: the real path of a root is found with :func:`sharedfs.fs.trustedpath.resolve`;
 a root reached through a symlink that someone other than the user or root may have planted
@@ -79,8 +84,8 @@ from sharedfs.model.records import group_name
 if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy, TeamCache
 
-__all__ = ["WATCHED", "SettlingLockMixin", "default_acl_group", "give", "give_fd", "give_tree", "group_mode",
-           "refuse", "refused", "settle_pending", "settling", "team_of", "watch"]
+__all__ = ["CODE_ROOTS", "WATCHED", "SettlingLockMixin", "default_acl_group", "give", "give_fd", "give_tree",
+           "group_mode", "is_code_root", "refuse", "refused", "settle_pending", "settling", "team_of", "watch"]
 
 #: ``system.posix_acl_default``: a 4-byte version header, then (tag u16, perm u16, id u32) entries.
 _ACL_VERSION = 2
@@ -104,14 +109,23 @@ def default_acl_group(directory: str) -> int | None:
     return None
 
 
-def group_mode(mode: int, is_dir: bool) -> int:
-    """``mode`` with the group's bits of a team cache added: dirs g+rwx and setgid, files g+rw (g+x if u+x)."""
+#: Write bits a file under a code root never keeps: only its owner may change code others import.
+CODE_WRITERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def group_mode(mode: int, is_dir: bool, code: bool = False) -> int:
+    """``mode`` with the group's bits of a team cache added: dirs g+rwx and setgid, files g+rw (g+x if u+x).
+
+    ``code`` (a module cache): files g+r and never group- or world-writable, dirs also sticky.
+    """
     if is_dir:
-        return mode | stat.S_IRWXG | stat.S_ISGID
+        return mode | stat.S_IRWXG | stat.S_ISGID | (stat.S_ISVTX if code else 0)
+    if code:
+        return (mode | stat.S_IRGRP | ((mode & stat.S_IXUSR) >> 3)) & ~CODE_WRITERS
     return mode | stat.S_IRGRP | stat.S_IWGRP | ((mode & stat.S_IXUSR) >> 3)
 
 
-def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None) -> bool:
+def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None, code: bool = False) -> bool:
     """Give the file or directory open as ``fd`` (the caller's own) the team's group and bits.
 
     True when something changed.  Never raises: an entry that cannot be changed stays as it
@@ -124,7 +138,7 @@ def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None) -> bool:
             os.fchown(fd, -1, team.gid)  # a member may give her own file to her group
             changed = True
         mode = stat.S_IMODE(st.st_mode)
-        want = group_mode(mode, stat.S_ISDIR(st.st_mode))
+        want = group_mode(mode, stat.S_ISDIR(st.st_mode), code)
         if want != mode or (changed and not stat.S_ISDIR(st.st_mode)):
             os.fchmod(fd, want)
             changed = True
@@ -187,6 +201,8 @@ class _Roots(MutableMapping[str, "TeamCache"]):
 
 
 WATCHED = _Roots()
+#: The watched roots (real paths) that hold code others import (module caches): see the module doc.
+CODE_ROOTS: dict[str, bool] = {}
 _answers: dict[str, bool] = {}  # absolute root -> whether it is a team cache (asked once per process)
 _watch_lock = threading.Lock()
 
@@ -233,12 +249,18 @@ def refuse(spelled: str, resolved: trustedpath.Resolved, policy: Policy | None =
              level=logging.WARNING)
 
 
-def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> TeamCache | None:
+def is_code_root(real_root: str) -> bool:
+    """Whether the watched root ``real_root`` (a real path) holds code: see the module doc."""
+    return real_root in CODE_ROOTS
+
+
+def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None, *, code: bool = False) -> TeamCache | None:
     """Give the group what this process creates under ``root`` (a framework's cache), if it is a team cache.
 
     Asks the plugins once per root; a team cache's root is given to the group at once (if
     this user made it) and watched from now on.  ``patcher`` (a shim's) makes ``unpatch``
-    stop watching it.  Returns the team, or ``None`` for a private cache.
+    stop watching it.  ``code``: the root is a module cache, whose files the group may read,
+    never write (see the module doc).  Returns the team, or ``None`` for a private cache.
     """
     absolute = os.path.abspath(os.fspath(root))
     if _answers.get(absolute) is False:
@@ -270,6 +292,11 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None) -> 
                  f"{group_name(team.gid)}'s ({team.reason})")
     elif absolute != real and absolute not in WATCHED._spellings:
         WATCHED.spell(absolute, real)
+    if code and real not in CODE_ROOTS:
+        if patcher is not None:
+            patcher.setitem(CODE_ROOTS, real, True)
+        else:
+            CODE_ROOTS[real] = True
     give(absolute)
     return team
 
@@ -444,7 +471,8 @@ def give(path: str | os.PathLike[str]) -> bool:
                 return False
             if not stat.S_ISDIR(st.st_mode) and not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
                 return False
-            if want_unchanged(st, team):
+            code = real_root in CODE_ROOTS
+            if want_unchanged(st, team, code):
                 return False
             try:
                 real = os.readlink(f"/proc/self/fd/{fd}")
@@ -452,17 +480,17 @@ def give(path: str | os.PathLike[str]) -> bool:
                 return False  # cannot prove where it is: leave it
             if real != real_root and not real.startswith(real_root + os.sep):
                 return False
-            return give_fd(fd, team, st)
+            return give_fd(fd, team, st, code)
         finally:
             os.close(fd)
     finally:
         _quiet.on = False
 
 
-def want_unchanged(st: os.stat_result, team: TeamCache) -> bool:
+def want_unchanged(st: os.stat_result, team: TeamCache, code: bool = False) -> bool:
     """Whether the entry ``st`` already has the team's group and bits."""
     mode = stat.S_IMODE(st.st_mode)
-    return st.st_gid == team.gid and group_mode(mode, stat.S_ISDIR(st.st_mode)) == mode
+    return st.st_gid == team.gid and group_mode(mode, stat.S_ISDIR(st.st_mode), code) == mode
 
 
 def give_tree(top: str | os.PathLike[str], limit: int = 100_000) -> int:

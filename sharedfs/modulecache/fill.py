@@ -34,8 +34,20 @@ What changes, inside ``get_cached_module_file`` only (:func:`fill_once`, and the
   framework calls ``shutil.copy``, which copies the mode bits) (0o666 through the
   umask or the directory's default ACL), never copied from the source: a read-only
   snapshot in the hub cache, or mode bits a Lustre mount refuses to copy
-  (NVIDIA-NeMo/Automodel PR #1840), change nothing.  In a team cache the file is then given
-  to the group (:func:`sharedfs.cluster.teamfiles.give`).
+  (NVIDIA-NeMo/Automodel PR #1840), change nothing -- except that a module file is never
+  group- or world-writable (it is code other processes import; umask 002 would make it
+  0664).  In a team cache the file is then given to the group for reading
+  (:func:`sharedfs.cluster.teamfiles.give`, a code root);
+* **the content the folder is named for** -- transformers names a local model's folder by a
+  hash of its source files, computed before this rank may have waited for the fill lock; a
+  file copied after the wait could be the next version's.  The source is read once, then the
+  folder's hash is computed again from the sources as they are now (the framework's own
+  ``_compute_local_source_files_hash``): if it changed, nothing more is published in that
+  folder and the whole ``get_cached_module_file`` runs again (:class:`SourceChanged`), so a
+  folder only ever holds the revision it is named for;
+* **checked before the import** -- when the outermost call returns (before its fill lock, if it
+  took one, is released), what the framework will import from a team's module cache is checked
+  (:mod:`sharedfs.modulecache.verify`).
 
 Outside ``get_cached_module_file`` (``custom_object_save`` copying a module into a user's
 folder) ``copyfile`` is the original.
@@ -48,19 +60,21 @@ import functools
 import os
 import secrets
 import shutil
+import stat
 import threading
 from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.cluster import teamfiles
 from sharedfs.cluster.dirs import wait_for
+from sharedfs.errors import SharedFSError
 from sharedfs.fs.publish import Replaced, fsync_dir
 from sharedfs.fs.recordfile import discard_if_same, identity, same_file
 from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
 from sharedfs.locks import lock
 from sharedfs.model.policy import Policy
 
-__all__ = ["LOCK_NAME", "ShutilView", "fill_once", "publish_copy"]
+__all__ = ["LOCK_NAME", "SourceChanged", "ShutilView", "fill_once", "hashing", "publish_copy"]
 
 #: The lock file a fill takes in the directory it copies into.
 LOCK_NAME = ".sharedfs-fill.lock"
@@ -68,32 +82,87 @@ LOCK_NAME = ".sharedfs-fill.lock"
 COMPARE_LIMIT = 64 * 1024 * 1024
 #: errnos of a filesystem that cannot make hard links: the publication renames instead.
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
+#: How many times a fill starts again because the local model's files changed while it ran.
+ATTEMPTS = 3
+
+
+class SourceChanged(SharedFSError):
+    """A local model's files changed between the hash its module folder is named for and the copy."""
 
 
 class _Fill(threading.local):
     depth = 0  # nested get_cached_module_file calls of this thread
     held: Any = None  # the fill lock this thread holds, until the outermost call returns
+    hashed: Any = None  # (hash function, args, kwargs, folder hash) of the local model this fill copies
 
 
 _fill = _Fill()
 
 
-def fill_once(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``get_cached_module_file`` whose copies publish whole, under one fill lock released when it returns."""
+def fill_once(original: Callable[..., Any], verify: Callable[[str], None] | None = None) -> Callable[..., Any]:
+    """``get_cached_module_file`` whose copies publish whole, under one fill lock released when it returns.
+
+    ``verify`` checks the path it returns before the lock is released (and before the framework
+    imports it); a fill that found its local model changed meanwhile runs again.
+    """
 
     @functools.wraps(original)
     def get_cached_module_file(*args: Any, **kwargs: Any) -> Any:
         state = _fill
-        state.depth += 1
-        try:
-            return original(*args, **kwargs)
-        finally:
-            state.depth -= 1
-            if state.depth == 0 and state.held is not None:
-                held, state.held = state.held, None
-                held.release()
+        if state.depth:
+            return _nested(original, args, kwargs)
+        for attempt in range(ATTEMPTS):
+            state.depth = 1
+            try:
+                found = original(*args, **kwargs)
+                if verify is not None:
+                    verify(found)
+                return found
+            except SourceChanged:
+                if attempt == ATTEMPTS - 1:
+                    raise
+            finally:
+                state.depth, state.hashed = 0, None
+                if state.held is not None:
+                    held, state.held = state.held, None
+                    held.release()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     return get_cached_module_file
+
+
+def _nested(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    _fill.depth += 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _fill.depth -= 1
+
+
+def hashing(original: Callable[..., str]) -> Callable[..., str]:
+    """transformers' ``_compute_local_source_files_hash``, remembered inside a fill: see the module doc."""
+
+    @functools.wraps(original)
+    def _compute_local_source_files_hash(*args: Any, **kwargs: Any) -> str:
+        found = original(*args, **kwargs)
+        if _fill.depth:
+            _fill.hashed = (original, args, kwargs, found)
+        return found
+
+    return _compute_local_source_files_hash
+
+
+def _still_hashed() -> None:
+    """Raise :class:`SourceChanged` if the local model this fill copies no longer has the folder's hash."""
+    hashed = _fill.hashed
+    if hashed is None:
+        return
+    function, args, kwargs, folder = hashed
+    now = function(*args, **kwargs)
+    if now != folder:
+        model = args[0] if args else "the local model"
+        raise SourceChanged(f"the files of {model} changed while its modules were copied (hash {folder}, now "
+                            f"{now}), {ATTEMPTS} times; load it again once they stop changing")
 
 
 class ShutilView:
@@ -130,7 +199,7 @@ class ShutilView:
             held = lock(os.path.join(directory, LOCK_NAME), policy=self._policy)
             held.acquire()
             _fill.held = held
-        publish_copy(src, dst, self._policy)
+        publish_copy(src, dst, self._policy, check=_still_hashed)
 
 
 #: What :func:`_published` answers for a name this node does not see.
@@ -149,30 +218,42 @@ def _published(dst: str) -> bytes | None:
     return None if found is None else found[0]
 
 
-def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], policy: Policy) -> None:
-    """Make ``dst`` a complete copy of ``src``, unless it is one already (see the module doc)."""
+def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], policy: Policy,
+                 check: Callable[[], None] | None = None) -> None:
+    """Make ``dst`` a complete copy of ``src``, unless it is one already (see the module doc).
+
+    The source is read once; ``check`` (raising to refuse) runs after that read, before anything is published.
+    """
     src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
     # One look decides: a name that appears between two looks must never be replaced (the ranks that saw it
     # are importing it), only a name seen with other content.
     seen = _published(dst)
-    if seen is not None and seen is not _MISSING:
-        with open(src, "rb") as source:
-            if source.read(COMPARE_LIMIT + 1) == seen:
-                return  # published while this rank waited for the fill lock
-    directory, name = os.path.split(dst)
-    temp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    fd = create_exclusive(temp, 0o666)  # the umask or the default ACL decide, as for open()
-    held = identity(fd)
-    try:
-        with open(src, "rb") as source:
-            while chunk := source.read(1 << 20):
+    with open(src, "rb") as source:
+        data = source.read(COMPARE_LIMIT + 1)
+        if seen is not None and seen is not _MISSING and data == seen:
+            return  # published while this rank waited for the fill lock
+        directory, name = os.path.split(dst)
+        temp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        fd = create_exclusive(temp, 0o666)  # the umask or the default ACL decide, as for open()
+        held = identity(fd)
+        try:
+            _never_writable_by_others(fd)
+            write_all(fd, data)
+            while chunk := source.read(1 << 20):  # larger than COMPARE_LIMIT: never compared, copied on
                 write_all(fd, chunk)
+        except BaseException:
+            discard_if_same(temp, held)
+            os.close(fd)
+            raise
+    try:
+        if check is not None:
+            check()  # the content read above is the one the folder is named for
         os.fsync(fd)  # an NFS client sends the data now: other nodes read it whole once the name appears
         if not same_file(temp, fd):
             raise Replaced(f"{temp} was replaced while it was written; someone with write access to "
                            f"{directory} is interfering")
         if seen is not _MISSING:
-            os.replace(temp, dst)  # seen here with other content: a changed module, as stock replaces it
+            _replace(temp, dst)  # seen here with other content: a changed module, as stock replaces it
         else:
             try:
                 os.link(temp, dst)
@@ -190,4 +271,34 @@ def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], polic
     finally:
         os.close(fd)
     fsync_dir(directory)
-    teamfiles.give(dst)  # in a team cache: the group's, as every file the framework makes there
+    teamfiles.give(dst)  # in a team cache: the group's to read, as every file the framework makes there
+
+
+def _never_writable_by_others(fd: int) -> None:
+    """Take group and world write away from a module file being written (umask 002 gives both)."""
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    if mode & teamfiles.CODE_WRITERS:
+        os.fchmod(fd, mode & ~teamfiles.CODE_WRITERS)
+
+
+def _replace(temp: str, dst: str) -> None:
+    """``os.replace``; in a sticky directory (a team's module cache) another member's file stays, and says so."""
+    try:
+        os.replace(temp, dst)
+    except PermissionError as exc:
+        if exc.errno != errno.EPERM:
+            raise
+        try:
+            owner = os.lstat(dst).st_uid
+        except OSError:
+            raise exc from None
+        import pwd
+
+        try:
+            who = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            who = f"uid {owner}"
+        raise PermissionError(exc.errno, f"sharedfs: cannot publish module {dst}: {who}'s file of that name, with "
+                              f"other content, is there and only {who} may replace it (the directory is sticky); "
+                              f"rename your module file, ask {who} to remove theirs, or set HF_MODULES_CACHE to a "
+                              f"directory of your own") from None

@@ -6,7 +6,8 @@ local directory with diffusers' own ``get_class_from_dynamic_module(..., trust_r
 module into ``HF_MODULES_CACHE/diffusers_modules/local/`` on every load.  Stock, under umask 022,
 the second member fails: the first member's ``local/`` is 2755 (diffusers#1517, diffusers#9798).
 With sharedfs every load works, a module already there with the same content is not rewritten, and
-what the members made in the module cache is the group's.
+what the members made in the module cache is the group's: directories it may add to (sticky), files
+it may read but not write.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ def test_second_member_of_a_team_hf_home_fails_stock_and_loads_with_sharedfs() -
             for name in (*dirnames, *filenames):
                 st = os.lstat(os.path.join(dirpath, name))
                 is_dir = stat.S_ISDIR(st.st_mode)
-                need = stat.S_IRWXG | stat.S_ISGID if is_dir else stat.S_IRGRP | stat.S_IWGRP
-                if st.st_gid != alice.group or st.st_mode & need != need:
+                # members add to every directory, but only an entry's owner changes it: code is read-only to others
+                need = stat.S_IRWXG | stat.S_ISGID | stat.S_ISVTX if is_dir else stat.S_IRGRP
+                never = 0 if is_dir else stat.S_IWGRP | stat.S_IWOTH
+                if st.st_gid != alice.group or st.st_mode & need != need or st.st_mode & never:
                     keeping_out.append(f"{os.path.join(dirpath, name)} {oct(stat.S_IMODE(st.st_mode))}")
         assert not keeping_out, keeping_out
         local = os.path.join(modules, "diffusers_modules", "local")

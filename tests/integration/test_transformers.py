@@ -8,7 +8,8 @@ trust_remote_code=True)`` and nothing else.
 * A lab's ``HF_HOME`` (2775, its group) used by two real users under umask 022: stock, the second
   user's first model of the same organisation fails with ``PermissionError: [Errno 13]`` on
   ``transformers_modules/<org>/<name>`` (the first user's ``<org>/`` is 2755); with sharedfs both
-  load theirs and each other's, and what they made in ``HF_MODULES_CACHE`` is the group's.
+  load theirs and each other's, and what they made in ``HF_MODULES_CACHE`` is the group's (directories
+  it may add to, sticky; files it may read, never write).
 * 12 ranks on 3 simulated nodes load a model, 100 ms apart, from a ``HF_MODULES_CACHE`` on hostilefs
   ``nfs-cto+lagging`` (NFS: a node sees a file's data once its writer closed it; a new name
   reaches other nodes after a lag).  With sharedfs as it was before this shim
@@ -128,8 +129,10 @@ def test_second_member_of_a_team_hf_home_fails_stock_and_loads_with_sharedfs() -
         keeping_out = []
         for path in (modules, *modules.rglob("*")):
             st = path.lstat()
-            need = stat.S_IRWXG | stat.S_ISGID if path.is_dir() else stat.S_IRGRP | stat.S_IWGRP
-            if st.st_gid != alice.group or st.st_mode & need != need:
+            # members add to every directory, but only an entry's owner changes it: code is read-only to others
+            need = stat.S_IRWXG | stat.S_ISGID | stat.S_ISVTX if path.is_dir() else stat.S_IRGRP
+            never = 0 if path.is_dir() else stat.S_IWGRP | stat.S_IWOTH
+            if st.st_gid != alice.group or st.st_mode & need != need or st.st_mode & never:
                 keeping_out.append(f"{path.relative_to(modules)} {oct(stat.S_IMODE(st.st_mode))} gid {st.st_gid}")
         assert not keeping_out, keeping_out
         modules_py = sorted(p.name for p in modules.rglob("*.py") if "__pycache__" not in p.parts)
