@@ -73,7 +73,9 @@ def test_node_local_flock_lets_two_nodes_download_at_once_stock_never_with_share
 
     stock_log = tmp_path / "stock.log"
     stock = download_on_nodes(mount / "stock", nodes, STOCK, "--times", "2", "--hold", "0.4", "--log", str(stock_log))
-    assert all(entry["ok"] for entry in stock), stock
+    # Two nodes in one download at once; a process may even lose the file another one is replacing.
+    stock_failed = [entry["error"] for entry in stock if not entry["ok"]]
+    assert all(error.startswith("FileNotFoundError") for error in stock_failed), stock_failed
     stock_overlaps = overlaps(stock_log)
     assert stock_overlaps > 0, "stock flock excluded across nodes: the fault did not show"
 
@@ -84,7 +86,8 @@ def test_node_local_flock_lets_two_nodes_download_at_once_stock_never_with_share
                                   "--hold", hold, "--log", str(log), timeout=180)
         assert [entry["error"] for entry in with_ if not entry["ok"]] == [], name
         assert overlaps(log) == 0, (name, log.read_text())
-    print(f"localflock: {stock_overlaps} overlapping fetches stock, 0 with sharedfs")
+    print(f"localflock: {stock_overlaps} overlapping fetches and {len(stock_failed)} failed downloads stock, "
+          "0 and 0 with sharedfs")
 
 
 def _kill_holder(cache: Path, ready: Path, extra: dict[str, str]) -> int:
