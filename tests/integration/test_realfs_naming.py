@@ -6,7 +6,9 @@ JuiceFS's own flock excludes across clients, and a soft lock is one that program
 sharedfs (stock filelock, which takes flock) never see.  Each test runs the old code first, from
 a ``git worktree`` of that commit, then this checkout, on the same volume.  MooseFS mounted with
 ``mfsnobsdlocks,mfsnoposixlocks`` is the counterweight: there flock really is node-local, and
-sharedfs must keep its existence lock.
+sharedfs must keep its existence lock; GlusterFS's flock excludes like JuiceFS's.  Last, an s3fs
+bucket mount on a local S3 server: the old existence lock went to both clients at once, and now
+taking a lock there fails in one line.
 """
 
 from __future__ import annotations
@@ -164,8 +166,9 @@ def _visible(path: Path, timeout: float = 10.0) -> None:
 
 
 @pytest.mark.parametrize(("realfs_kind", "node_local", "excludes"),
-                         [("juicefs", False, True), ("moosefs", False, True), ("moosefs", True, False)],
-                         ids=["juicefs", "moosefs", "moosefs-mfsnobsdlocks"], indirect=["realfs_kind"])
+                         [("juicefs", False, True), ("moosefs", False, True), ("moosefs", True, False),
+                          ("glusterfs", False, True)],
+                         ids=["juicefs", "moosefs", "moosefs-mfsnobsdlocks", "glusterfs"], indirect=["realfs_kind"])
 def test_flock_across_two_client_mounts_is_what_sharedfs_says_it_is(real_volume, node_local: bool,
                                                                    excludes: bool) -> None:  # type: ignore[no-untyped-def]
     vol: Volume = real_volume(nodes=2, node_local_locks=node_local) if node_local else real_volume(nodes=2)

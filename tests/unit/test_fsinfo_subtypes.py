@@ -4,10 +4,11 @@ Before this table every ``fuse.*`` mount but ceph-fuse went through the generic 
 calls it "fuse", trusts no lock and so picks the existence lock; each test shows that answer first
 (the rule is still there for FUSE filesystems nobody named), then what the named client gets.
 
-The JuiceFS and MooseFS lines are the ones their clients printed here (JuiceFS 1.4.2; mfsmount
-3.0.117 mounts as plain ``fuse`` with the source ``mfs#<master>:9421``); 3FS's is its README's
-``mount`` output written as mountinfo; gcsfuse, blobfuse2, Mountpoint for Amazon S3 (fsname
-``mountpoint-s3`` and no subtype) and s3fs are in the form their FUSE options give.
+The JuiceFS, MooseFS and GlusterFS lines are the ones their clients printed here (JuiceFS 1.4.2,
+GlusterFS 10.3; mfsmount 3.0.117 mounts as plain ``fuse`` with the source ``mfs#<master>:9421``),
+and so is s3fs's (1.90); 3FS's is its README's
+``mount`` output written as mountinfo; gcsfuse, blobfuse2 and Mountpoint for Amazon S3 (fsname
+``mountpoint-s3`` and no subtype) are in the form their FUSE options give.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from sharedfs.plugins import filesystem, locking
 LINES = {
     "juicefs": r"54 27 0:43 / /jfs rw,nosuid,nodev,relatime - fuse.juicefs JuiceFS:sfsn rw,user_id=0,group_id=0,default_permissions,allow_other,max_read=131072",
     "moosefs": r"77 27 0:47 / /mfs rw,nosuid,nodev,relatime - fuse mfs\04310.213.93.78:9421 rw,user_id=0,group_id=0,allow_other",
-    "glusterfs": r"80 27 0:50 / /gluster rw,relatime - fuse.glusterfs 10.213.93.1:/gv0 rw,user_id=0,group_id=0,default_permissions,allow_other,max_read=131072",
+    "glusterfs": r"47 27 0:41 / /gluster rw,relatime - fuse.glusterfs 10.213.234.34:sfs14161x1 rw,user_id=0,group_id=0,default_permissions,allow_other,max_read=131072",
     "ceph-fuse": r"561 27 0:101 / /cephfuse rw,nosuid,nodev,relatime shared:351 - fuse.ceph-fuse ceph-fuse rw,user_id=0,group_id=0,allow_other",
     "3fs": r"90 27 0:60 / /3fs rw,nosuid,nodev,relatime - fuse.hf3fs hf3fs.open3fs rw,user_id=0,group_id=0,default_permissions,allow_other,max_read=1048576",
     "gcsfuse": r"44 73 0:43 / /gcs rw,nosuid,nodev,relatime shared:49 - fuse.gcsfuse my-bucket rw,user_id=2001,group_id=2001,default_permissions",
     "blobfuse2": r"45 73 0:44 / /blob rw,nosuid,nodev,relatime - fuse.blobfuse2 blobfuse2 rw,user_id=0,group_id=0,allow_other",
     "mountpoint-s3": r"46 73 0:45 / /s3 rw,nosuid,nodev,noatime - fuse mountpoint-s3 rw,user_id=0,group_id=0,default_permissions,allow_other",
-    "s3fs": r"47 73 0:46 / /s3fs rw,nosuid,nodev,relatime - fuse.s3fs s3fs rw,user_id=0,group_id=0",
+    "s3fs": r"54 27 0:41 / /s3fs rw,nosuid,nodev,relatime - fuse.s3fs s3fs rw,user_id=0,group_id=0",
 }
 
 #: line -> (kind, name starts with, flock, posix, hard_links, o_excl_atomic, the lock sharedfs takes or None: refused)
