@@ -7,7 +7,6 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from sharedfs.commands.lockfiles import MAX_DEPTH, Descent, Place
 from sharedfs.fs.directory import Changed, Directory, identity
 from sharedfs.model.records import group_name, user_name
 
@@ -113,8 +112,8 @@ class _Scan:
     listing showed: :class:`~sharedfs.commands.lockfiles.Descent`, as ``sharedfs locks`` walks), every entry is
     looked at with ``fstatat`` relative to it, and no symlink is followed.  An explicit stack, never recursion: a
     chain of thousands of directories made ``os.walk`` raise RecursionError.  At most ``limit`` entries
-    (``truncated``), and no directory more than :data:`MAX_DEPTH` levels down is entered (``deep``: the first ones
-    met there).  What cannot be opened or listed is skipped, as ``os.walk`` did.
+    (``truncated``), and no directory more than :data:`~sharedfs.commands.lockfiles.MAX_DEPTH` levels down is
+    entered (``deep``: the ones met there).  What cannot be opened or listed is skipped, as ``os.walk`` did.
     """
 
     def __init__(self, limit: int) -> None:
@@ -125,6 +124,9 @@ class _Scan:
 
     def entries(self, path: str) -> Iterator[tuple[str, os.stat_result]]:
         """(path, lstat) of every entry below ``path``, in ``os.walk``'s top-down order, until a bound is met."""
+        # On use: importing sharedfs locks' module (and the lock machinery) costs doctor --cross-node 0.1 s for nothing.
+        from sharedfs.commands.lockfiles import MAX_DEPTH, Descent, Place
+
         try:
             top = Directory.open(path)  # the path as the user gave it; below it, nothing through a symlink
         except OSError:
@@ -257,6 +259,8 @@ def team_lines(team: dict[str, Any], path: str) -> list[str]:
     """``sharedfs doctor``'s lines about who shares ``path`` and whether every member can use it."""
     lines = _sharing_lines(team, path)
     if team.get("too_deep"):
+        from sharedfs.commands.lockfiles import MAX_DEPTH
+
         more = team.get("too_deep_more") or 0
         lines.append(f"  team note  : not fully scanned: deeper than {MAX_DEPTH} levels at {team['too_deep']}"
                      + (f" (and {more} more directories as deep)" if more else "")
