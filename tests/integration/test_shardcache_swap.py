@@ -16,6 +16,10 @@ alice's private ``0700`` directory at its name; that directory holds 12 files ol
 * **A cleanup process started after the swap** (wids' background cleanup, a second job): it
   never saw the real cache, and the symlink is bob's in a directory every member may write
   (:mod:`sharedfs.fs.trustedpath`): eviction through it is refused the same way.
+* **No symlink**: bob renames alice's own ``results/`` (0700, beside the cache) to the cache's
+  name.  Right owner, a real directory: only the device and inode the job holds tell it apart.
+* **The coordination tree's** ``inuse/`` (group-writable, as the cache is) swapped for a
+  symlink: sharedfs as it was swept all 12 files as dead readers' markers; stock has no such tree.
 
 Each variant runs :data:`RUNS` times in fresh directories.
 """
@@ -131,7 +135,7 @@ class Scene:
                 if p.name.startswith("private-")}
 
 
-def scene(site: Site, label: str) -> Scene:
+def scene(site: Site, label: str, private_in_project: bool = False) -> Scene:
     base = site.root / label
     proj = base / "proj"
     proj.mkdir(parents=True)
@@ -141,7 +145,7 @@ def scene(site: Site, label: str) -> Scene:
     cache.mkdir()
     os.chown(cache, site.alice.uid, site.alice.group)
     cache.chmod(0o2775)
-    private = site.alice.home / label
+    private = proj / "results" if private_in_project else site.alice.home / label
     private.mkdir(mode=0o700)
     os.chown(private, site.alice.uid, site.alice.gid)
     for i in range(PRIVATE):  # older than any shard: first in line for an LRU eviction
@@ -169,10 +173,18 @@ def swap_inuse(site: Site, scene: Scene) -> None:
     swap(site, scene, scene.cache.parent / f".{scene.cache.name}.sharedfs" / "inuse")
 
 
+def rename_hers_in(site: Site, scene: Scene) -> None:
+    """bob renames the cache away and alice's own ``results/`` (0700, beside it) to the cache's name."""
+    cache = scene.cache
+    done = site.bob.run(["sh", "-c", f'mv "{cache}" "{cache}.moved" && mv "{scene.private}" "{cache}"'], umask=0o022)
+    assert done.returncode == 0, done.stderr
+    scene.private = cache
+
+
 def during_job(site: Site, framework: str, variant: str, run: int, attack: Callable[[Site, Scene], None] = swap,
                label: str = "job") -> tuple[int, str]:
     """alice's job fills the cache, bob swaps it, the job evicts: (alice's private files lost, job's stderr)."""
-    where = scene(site, f"{framework}-{variant}-{label}-{run}")
+    where = scene(site, f"{framework}-{variant}-{label}-{run}", private_in_project=attack is rename_hers_in)
     kept = where.files()
     proc = site.alice.popen([sys.executable, "-c", JOB, framework, str(where.cache), site.urls(3), str(LIMIT),
                              str(where.go)], env=site.env(variant), umask=0o022)
@@ -259,3 +271,30 @@ def test_a_swapped_inuse_directory_of_the_coordination_tree_no_longer_empties_a_
     for err in said:
         lines = [line for line in err.splitlines() if "no shard is evicted while it is so" in line]
         assert len(lines) == 1 and "inuse" in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("framework", ["webdataset", "wids"])
+def test_her_own_directory_renamed_to_the_caches_name_is_not_evicted_from(site, framework) -> None:
+    """No symlink at all: bob renames alice's ``results/`` (hers, 0700, beside the cache) to the cache's name.
+
+    The name leads to a real directory of the right owner, so only the identity the job holds (device
+    and inode of the cache it used) tells it from the cache: the layout cached per path must not
+    vouch for whatever is at that name now.
+    """
+    lost: dict[str, list[int]] = {}
+    said: list[str] = []
+    for variant in VARIANTS:
+        lost[variant] = []
+        for run in range(RUNS):
+            count, err = during_job(site, framework, variant, run, attack=rename_hers_in, label="renamed")
+            lost[variant].append(count)
+            if variant == "fixed":
+                said.append(err)
+    print(f"{framework}, her own directory renamed to the cache's name: alice's files deleted per run "
+          f"(of {PRIVATE}): {json.dumps(lost)}")
+    assert all(count > 0 for count in lost["stock"]), lost
+    assert all(count > 0 for count in lost["before"]), lost
+    assert lost["fixed"] == [0] * RUNS, lost
+    for err in said:
+        lines = [line for line in err.splitlines() if "eviction skipped, nothing deleted" in line]
+        assert len(lines) == 1 and "is another directory" in lines[0], err[-3000:]
