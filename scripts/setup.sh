@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium moosefs-master moosefs-chunkserver moosefs-client glusterfs-server glusterfs-client)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/integration/test_docs_search.py); moosefs, glusterfs: real distributed filesystems (sharedfs.testing.realfs)
+APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium moosefs-master moosefs-chunkserver moosefs-client glusterfs-server glusterfs-client s3fs)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/integration/test_docs_search.py); moosefs, glusterfs: real distributed filesystems (sharedfs.testing.realfs); s3fs: a bucket mount against a local S3 server (tests/integration/test_realfs_naming.py)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
