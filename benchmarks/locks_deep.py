@@ -10,7 +10,7 @@ For each depth, a chain ``d/d/d/...`` with a dead holder's marker 50 levels down
 SIGKILLed), timed as wall-clock seconds of one ``python -m sharedfs locks --clear-dead --json``
 process: this checkout against sharedfs at :data:`BEFORE` (``git archive``, first on
 ``PYTHONPATH``), alternating (ABBA), ``--runs`` each (one each at 2,100 levels: the old walk takes
-about 19 minutes there).  The floor is the same command on an empty directory (start-up).  One
+about 18 minutes there).  The floor is the same command on an empty directory (start-up).  One
 more row lifts the depth limit (``MAX_DEPTH`` set high in the child): the whole 2,100-level chain
 walked, against the old walk of the same chain.  (The calls per directory, constant at every depth,
 are counted in tests/integration/test_locks_deep_tree.py.)
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _common import alternate, at_most, clean_env, emit, log, median, row
 
-#: benchmarks/run_all.py gives this benchmark this long (seconds): the old walk at 2,100 levels takes ~19 min.
+#: benchmarks/run_all.py gives this benchmark this long (seconds): the old walk at 2,100 levels takes ~18 min.
 RUN_ALL_TIMEOUT = 2700
 #: sharedfs before the walk kept its ancestors open (issue 48's round: main at 18c02b8).
 BEFORE = "18c02b8"

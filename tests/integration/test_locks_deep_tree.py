@@ -7,7 +7,7 @@ longer than PATH_MAX), and leaves a lock whose holder he SIGKILLed 40 levels dow
 * sharedfs as it was (:data:`BEFORE`) opened each directory by re-descending from the top, one
   ``openat`` per level, and counted each against its 2,000 calls/s budget: the filesystem calls per
   directory grow with its depth (strace, counted per added level between 0, 40 and 80 levels),
-  depth²/2 in all -- about 2.2 million calls and 19 minutes at 2,100 levels.
+  depth²/2 in all -- about 2.2 million calls and 18 minutes at 2,100 levels.
 * Now each directory is opened once from its parent's descriptor: the calls per directory are the
   same at every depth, and a directory more than 128 levels down is not entered but reported (one
   line, a ``too-deep`` row in ``--json``, exit 1), while the dead lock above it is cleared.
