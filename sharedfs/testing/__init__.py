@@ -9,6 +9,8 @@ Filesystems and processes that fail like a cluster's:
   profiles break locking (``lustre-noflock``, ``nfs-nolock``,
   ``localflock``) or metadata visibility (``lagging``) the way Lustre, GPFS
   and NFS do, plus :func:`mount` to run it;
+* :mod:`~sharedfs.testing.realfs` -- real distributed filesystems (JuiceFS, MooseFS, GlusterFS),
+  one FUSE client mount per node, started and torn down by :func:`~sharedfs.testing.realfs.volume`;
 * :mod:`~sharedfs.testing.preload` -- an LD_PRELOAD library (``preload.c``) making lock calls
   fail under chosen directories, no FUSE needed;
 * :mod:`~sharedfs.testing.nodes` -- processes that act as if they ran on

@@ -91,6 +91,9 @@ FSTYPES = {"juicefs": "fuse.juicefs", "moosefs": "fuse", "glusterfs": "fuse.glus
 # GlusterFS keeps sockets, pid files and brick logs under fixed system paths: one volume per machine.
 _GLUSTER_MACHINE_LOCK = "/run/lock/sharedfs-realfs-glusterfs.lock"
 _START_TIMEOUT = 60.0
+#: GlusterFS client translators that cache metadata or data beside the kernel's caches: off in ``strict``.
+_GLUSTER_CACHING = ("performance.quick-read", "performance.open-behind", "performance.stat-prefetch",
+                    "performance.io-cache", "performance.read-ahead", "performance.readdir-ahead")
 _counter = itertools.count()
 
 
@@ -548,6 +551,9 @@ def _start_glusterfs(state: _State, server: _GlusterServer, root: Path, name: st
                      "brick": str(brick)}
     state.save()
     _run([*server.cli, "volume", "create", name, f"{server.addr}:{brick}", "force"])
+    if profile == "strict":  # the client's own caching translators (quick-read caches small files' content)
+        for option in _GLUSTER_CACHING:
+            _run([*server.cli, "volume", "set", name, option, "off"])
     _run([*server.cli, "volume", "start", name])
     for i, mnt in enumerate(mounts):
         log = root / f"glusterfs-node{i}.log"
