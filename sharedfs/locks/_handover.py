@@ -22,6 +22,7 @@ Mounts that declare no cache timeout pay nothing: the lock has no :class:`Handov
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ import threading
 import time
 
 from sharedfs.fs.directory import Directory, identity
+from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.fsinfo import FsInfo, FuseClient, Mount, client_options, fuse_client
 
 log = logging.getLogger("sharedfs")
@@ -40,6 +42,9 @@ WANT_SUFFIX = ".want"
 RECORD_SIZE = 64
 #: Longest cache timeout taken from a mount's options (a typo such as 3600 would stall every handover).
 MAX_SETTLE = 60.0
+
+#: JuiceFS's .config is ~3 KB; a cap keeps a hostile one from costing more.
+CONFIG_CAP = 64 * 1024
 
 _RECORD = re.compile(rb"sharedfs (last|want) node=([0-9a-f]{16})\n *")
 
@@ -82,6 +87,10 @@ def _declared(mount: Mount) -> float:
     client = fuse_client(mount)
     if client is None or client.bucket:  # a bucket mount gets no lock at all (plugins/locking.py)
         return 0.0
+    if client.kind == "juicefs":
+        declared = _juicefs_config(mount)
+        if declared is not None:
+            return declared
     # Options the client runs with (its command line, MooseFS's .params); absent ones have their default.
     options = mount.client_options or {}
     longest = 0.0
@@ -90,6 +99,26 @@ def _declared(mount: Mount) -> float:
         if value is not None:
             longest = max(longest, _seconds(value))
     return longest
+
+
+#: The cache timeouts (nanoseconds) in the ``.config`` JuiceFS serves at its mount's root.
+_JUICEFS_TIMEOUTS = ("AttrTimeout", "EntryTimeout", "DirEntryTimeout", "NegEntryTimeout")
+
+
+def _juicefs_config(mount: Mount) -> float | None:
+    """The longest cache timeout in JuiceFS's own ``.config`` (root-only, made by the client: nobody can plant
+    it); ``None`` when it cannot be read.  Its process title is no substitute: JuiceFS rewrites it, cut short."""
+    try:
+        got = read_untrusted(os.path.join(mount.mount_point, ".config"), CONFIG_CAP)
+    except OSError:
+        return None
+    if got is None or got[1].st_uid != 0:
+        return None
+    try:
+        config = json.loads(got[0])
+        return max(float(config[name]) for name in _JUICEFS_TIMEOUTS) / 1e9
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _seconds(text: str) -> float:
