@@ -323,28 +323,28 @@ def _check_private(parent: Directory, place: Directory, name: str, node: str, ma
                        "makes it")
     if made and place.listing():
         raise _refused(parent, name, "it is not the empty directory this task just made")
-    if st.st_uid != _creator(place, node, st.st_uid):
+    if st.st_uid != _creator(parent, name, node, st.st_uid):
         raise _refused(parent, name, f"it belongs to uid {st.st_uid}, not to the user running this job")
 
 
-def _creator(place: Directory, node: str, owner: int) -> int:
-    """The owner this filesystem gives what this process creates in ``place``.
+def _creator(parent: Directory, name: str, node: str, owner: int) -> int:
+    """The owner this filesystem gives what this process creates in ``parent`` (``owner``: the meeting place's).
 
-    This user; or, for root, the uid an NFS export squashes root to (then the owner of the
-    directory its task made too), learnt from a file made and removed at once.
+    This user; or the uid an NFS export squashes root to, or an unmapped NFSv4 user to (then the
+    owner of the directory its task made too), learnt from a file made beside it (not in a place
+    not yet trusted) and removed at once.
     """
-    uid = os.geteuid()
-    if uid != 0 or owner == 0:
-        return uid
-    probe = f".owner@{node}"
+    if owner == os.geteuid():
+        return owner
+    probe = f"{name}.owner@{node}"
     try:
-        fd = place.create_exclusive(probe, 0o600)
+        fd = parent.create_exclusive(probe, 0o600)
     except OSError:
-        return -1  # root cannot even create a file here: not a place its tasks made
+        return -1  # cannot tell: not a place to trust
     try:
         return os.fstat(fd).st_uid
     finally:
-        place.discard_if_same(probe, identity(fd))
+        parent.discard_if_same(probe, identity(fd))
         os.close(fd)
 
 
@@ -373,19 +373,22 @@ def _refused(parent: Directory, name: str, why: str) -> CrossNodeError:
 
 def _remove(parent: Directory, place: Directory) -> str:
     """Empty the meeting place through its descriptor; remove it while its name is still it."""
-    for entry in place.listing():  # only the job's user can have made these: it is private, and was checked so
-        if not entry.is_dir(follow_symlinks=False):
-            try:
-                os.unlink(entry.name, dir_fd=place.fd)
-            except FileNotFoundError:
-                pass
-    name = os.path.basename(place.path)
-    if not parent.names(name, identity(place.fd)):
-        return (f"emptied the meeting place, but it is no longer at {place.path} (someone renamed it): the empty "
-                "directory stays where it was moved")
-    # Between that look and this rmdir only an empty directory can go: anyone who could have renamed ours away
-    # (a writer of a directory that is not sticky) may remove an empty directory there too.
-    os.rmdir(name, dir_fd=parent.fd)
+    try:
+        for entry in place.listing():  # only the job's user can have made these: it is private, and was checked so
+            if not entry.is_dir(follow_symlinks=False):
+                try:
+                    os.unlink(entry.name, dir_fd=place.fd)
+                except FileNotFoundError:
+                    pass
+        name = os.path.basename(place.path)
+        if not parent.names(name, identity(place.fd)):
+            return (f"emptied the meeting place, but it is no longer at {place.path} (someone renamed it): the empty "
+                    "directory stays where it was moved")
+        # Between that look and this rmdir only an empty directory can go: anyone who could have renamed ours away
+        # (a writer of a directory that is not sticky) may remove an empty directory there too.
+        os.rmdir(name, dir_fd=parent.fd)
+    except OSError as exc:
+        return f"left the meeting place {place.path}: {exc.strerror or exc}"
     return f"removed {place.path}"
 
 
