@@ -21,6 +21,7 @@ import os
 import stat
 from types import TracebackType
 
+from sharedfs.fs import stale
 from sharedfs.fs.safefile import NOFOLLOW, RECORD_LIMIT, create_exclusive, read_untrusted
 
 __all__ = ["Changed", "Directory", "Identity", "identity", "owner_may_remove"]
@@ -84,8 +85,15 @@ class Directory:
 
     @classmethod
     def open(cls, path: str) -> Directory:
-        """``path`` as it resolves now, symlinks on the way followed (the caller's own choice of path)."""
-        return cls(os.open(path or ".", _DIR_FLAGS), path)
+        """``path`` as it resolves now, symlinks on the way followed (the caller's own choice of path).
+
+        A directory another client removed or replaced (ESTALE, asked again through the name while it
+        lasts) raises :class:`FileNotFoundError`.
+        """
+        try:
+            return cls(stale.retry(lambda: os.open(path or ".", _DIR_FLAGS)), path)
+        except OSError as exc:
+            raise stale.vanished(exc, path) from None
 
     @classmethod
     def containing(cls, path: str) -> tuple[Directory, str]:
@@ -121,8 +129,15 @@ class Directory:
         return os.fstat(self.fd)
 
     def lstat(self, name: str) -> os.stat_result:
-        """``name``'s own stat (a symlink is not followed)."""
-        return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        """``name``'s own stat (a symlink is not followed).
+
+        ESTALE (another client removed or replaced the file a cached lookup named) is asked again
+        through the name; while it lasts, it raises :class:`FileNotFoundError`, as a vanished file does.
+        """
+        try:
+            return stale.retry(lambda: os.stat(name, dir_fd=self.fd, follow_symlinks=False))
+        except OSError as exc:
+            raise stale.vanished(exc, self.join(name)) from None
 
     def lexists(self, name: str) -> bool:
         try:

@@ -20,6 +20,7 @@ import sys
 import uuid
 from typing import Callable
 
+from sharedfs.fs import stale
 from sharedfs.fs.directory import Identity, identity
 from sharedfs.fs.recordfile import create_record, discard_if_same
 from sharedfs.fs.safefile import read_untrusted
@@ -72,7 +73,7 @@ def create_whole(path: str, data: bytes) -> Identity | None:
         return held
     finally:
         discard_if_same(temp, held)
-        os.close(fd)
+        stale.close(fd)
 
 
 def create_unlinked(path: str, data: bytes) -> Identity | None:
@@ -84,13 +85,13 @@ def create_unlinked(path: str, data: bytes) -> Identity | None:
     try:
         return identity(fd)
     finally:
-        os.close(fd)
+        stale.close(fd)
 
 
 def record_beside(path: str, data: bytes) -> str:
     """A complete file holding ``data`` beside ``path`` (a name of sharedfs's own, never one a poller looks at)."""
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
-    os.close(create_record(temp, data, 0o666))
+    stale.close(create_record(temp, data, 0o666))
     return temp
 
 
@@ -162,7 +163,9 @@ def replace_foreign(path: str, expected: Identity, source: str) -> bool:
         try:
             if identity(os.lstat(path)) != expected:
                 return False
-        except FileNotFoundError:
+        except OSError as exc:  # gone, or replaced by another client (ESTALE): not the file we judged
+            if not stale.gone(exc):
+                raise
             return False
         if _exchange(swap, path):
             if identity(os.lstat(swap)) == expected:

@@ -20,9 +20,9 @@ three rules hold for every one of them:
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
+from sharedfs.fs import stale
 from sharedfs.fs.directory import Directory, Identity, identity
 from sharedfs.fs.safefile import write_all
 
@@ -62,7 +62,7 @@ def create_record_in(where: Directory, name: str, data: bytes, mode: int, *,
         write_all(fd, data)
     except BaseException:
         where.discard_if_same(name, identity(fd))
-        os.close(fd)
+        stale.close(fd)
         raise
     return fd
 

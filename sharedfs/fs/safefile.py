@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import stat
 
+from sharedfs.fs import stale
+
 __all__ = ["NOFOLLOW", "RECORD_LIMIT", "create_exclusive", "read_untrusted", "write_all"]
 
 #: Records sharedfs writes are a few hundred bytes; anything longer is not ours.
@@ -35,23 +37,36 @@ def read_untrusted(path: str, limit: int = RECORD_LIMIT, *,
     read.  The stat comes from the descriptor that was read, so the content and
     the identity (inode, change time) belong to the same file.  With ``dir_fd``, ``path`` is a
     name in that open directory (:class:`~sharedfs.fs.directory.Directory`).
+
+    A file another client removed or replaced while it was read (ESTALE from the open, the read
+    or the close) is read again through its name (:func:`~sharedfs.fs.stale.retry`); a name that
+    stays stale is ``None``.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
-    except FileNotFoundError:
+        return stale.retry(lambda: _read_once(path, limit, dir_fd))
+    except OSError as exc:
+        if stale.is_stale(exc):
+            return None
         raise
-    except OSError:  # ELOOP (a symlink), EACCES, ENXIO (a FIFO without a writer), ...
-        return None
+
+
+def _read_once(path: str, limit: int, dir_fd: int | None) -> tuple[bytes, os.stat_result] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or stale.is_stale(exc):
+            raise
+        return None  # ELOOP (a symlink), EACCES, ENXIO (a FIFO without a writer), ...
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        data = os.read(fd, limit + 1)
-    except OSError:
+        data = os.read(fd, limit + 1) if stat.S_ISREG(st.st_mode) and st.st_size <= limit else None
+    except BaseException as exc:
+        stale.close(fd)
+        if not isinstance(exc, OSError) or stale.is_stale(exc):
+            raise
         return None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
+    os.close(fd)  # ESTALE here (GlusterFS answers it from the flush): the file went meanwhile, read it again
+    if data is None or len(data) > limit:
         return None
     return data, st
 

@@ -41,7 +41,7 @@ from dataclasses import field
 from fcntl import LOCK_EX, LOCK_NB
 from typing import Any, Callable
 
-from sharedfs.fs import oslocks
+from sharedfs.fs import oslocks, stale
 from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.locks import _marker
 from sharedfs.model.policy import LockChoice, Policy, TeamCache
@@ -148,6 +148,18 @@ def take_marker(target: Target, *, native_held: bool,
     kind = target.choice.kind
     lease_seconds = target.policy.lease_seconds if kind == "lease" else None
     record = HolderRecord.mine(target.policy.node_id, kind, lease_seconds=lease_seconds)
+    try:
+        return _take_marker(target, record, lease_seconds, native_held, holder_alive)
+    except OSError as exc:
+        if not stale.is_stale(exc):
+            raise
+        # Another client removed or replaced the marker (or its directory) under this attempt: contention for
+        # this attempt, never "dead" nor a crash; the next poll asks again through the names.
+        return None
+
+
+def _take_marker(target: Target, record: HolderRecord, lease_seconds: float | None, native_held: bool,
+                 holder_alive: HolderAlive) -> tuple[int, Any] | None:
     for _ in range(2):  # a second try right after breaking a dead holder's marker
         try:
             fd = _marker.create(target.marker, record, target.mode)
@@ -245,7 +257,13 @@ def unlink_marker(hold: Hold, target: Target) -> None:
     if hold.lease is not None:
         _marker.stop_lease(hold.lease)
     if hold.pid == os.getpid():  # a forked child never removes its parent's marker
-        _marker._unlink_if_same(target.marker, os.fstat(fd))
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:  # ESTALE: another client removed our marker (taken over): no name of ours to free
+            if not stale.gone(exc):
+                raise
+            return
+        _marker._unlink_if_same(target.marker, st)
 
 
 def close_marker(hold: Hold) -> None:
@@ -253,7 +271,7 @@ def close_marker(hold: Hold) -> None:
     # (by then it may be another file's).
     fd, hold.marker_fd = hold.marker_fd, None
     if fd is not None:
-        os.close(fd)
+        stale.close(fd)  # ESTALE: the marker is gone already (broken by a waiter, or replaced elsewhere)
 
 
 # -- native kinds ---------------------------------------------------------------------------------
@@ -300,7 +318,7 @@ def _settle_or_undo(fd: int, target: Target, marker: str | None) -> None:
             if marker is not None:
                 _marker._unlink_if_same(marker, os.fstat(fd))
         finally:
-            os.close(fd)
+            stale.close(fd)
         raise
 
 
@@ -428,6 +446,16 @@ class Native:
         self.holder_alive = holder_alive
 
     def try_acquire(self) -> Hold | None:
+        try:
+            return self._try_once()
+        except OSError as exc:
+            if not stale.is_stale(exc):
+                raise
+            # The lock file was removed or replaced by another client under this attempt (ESTALE from the
+            # open, fstat or the lock call): its lock guards no name; the next poll opens the name again.
+            return None
+
+    def _try_once(self) -> Hold | None:
         target = self.target
         fd: int | None = None
         read_only = False
@@ -485,7 +513,9 @@ class Native:
             if target.choice.marker or read_only:
                 try:
                     current = os.stat(target.lock_file)
-                except FileNotFoundError:
+                except OSError as exc:
+                    if not stale.gone(exc):
+                        raise
                     return None
                 if current.st_ino != st.st_ino or current.st_dev != st.st_dev:
                     return None
@@ -504,7 +534,7 @@ class Native:
                     if locked:
                         oslocks.unlock(fd, self.how)
                 finally:
-                    os.close(fd)
+                    stale.close(fd)
                     if thread_lock is not None:
                         thread_lock.release()
 
@@ -529,7 +559,7 @@ class Native:
         if fd < 0:
             return
         try:
-            os.close(fd)
+            stale.close(fd)  # ESTALE: the lock file was removed or replaced elsewhere; the descriptor is freed
         finally:
             if hold.thread_lock is not None and hold.pid == os.getpid():
                 hold.thread_lock.release()

@@ -44,6 +44,7 @@ import time
 import weakref
 from typing import Callable
 
+from sharedfs.fs import stale
 from sharedfs.fs.directory import Directory, identity
 from sharedfs.fs.recordfile import create_record_in, discard_if_same, same_file
 from sharedfs.model.records import HolderRecord
@@ -362,8 +363,10 @@ def break_in(where: Directory, name: str, seen: Seen, breaker: HolderRecord,
     except OSError:
         return False
     finally:
-        where.discard_if_same(turn, identity(fd))
-        os.close(fd)
+        try:
+            where.discard_if_same(turn, identity(fd))
+        finally:
+            stale.close(fd)  # ESTALE: our turn was cleared elsewhere meanwhile; the descriptor is freed anyway
 
 
 def _clear_dead_breaker(where: Directory, turn: str, dead: Callable[[HolderRecord], bool | None]) -> None:
