@@ -4,8 +4,9 @@ A JuiceFS volume with two client mounts (two "nodes", :mod:`sharedfs.testing.rea
 client's default caches (1 s attributes and entries) and with the ``lagging`` profile (3 s).  For
 each, stock filelock against ``sharedfs.lock`` in one run:
 
-* **acquire+release**: one process, :data:`CYCLES` uncontended cycles (microseconds per cycle).
-  sharedfs reads ``<lock>.last`` on each acquire and rewrites it on each release.
+* **acquire+release**: one process, :data:`CYCLES` uncontended cycles (microseconds per cycle), also
+  for sharedfs at :data:`BEFORE` (``git archive``, first on ``PYTHONPATH``): sharedfs now reads
+  ``<lock>.last`` on each acquire and writes it only on a release after another node's hold.
 * **same-node handover**: two processes on node a take strict turns; the latency from one's release
   to the other's acquire (median), and the seconds sharedfs waited in it (must be 0).
 * **cross-node handover**: one process on node a, one on node b, strict turns; latency median and
@@ -32,6 +33,8 @@ from _common import clean_env, emit, log, median, row
 RUN_ALL_TIMEOUT = 1200
 RUN_ALL_QUICK_ARGS = "--quick"
 CYCLES = 200
+#: sharedfs before the handover rule: acquire+release and a same-node handover must cost what they cost then.
+BEFORE = "0682dc4"
 
 CYCLE = textwrap.dedent('''
     import sys, time
@@ -103,15 +106,27 @@ TURNS = textwrap.dedent('''
 ''')
 
 
-def _env(node: str, impl: str) -> dict[str, str]:
-    return clean_env(SHAREDFS_NODE_ID=node, SHAREDFS_DISABLE="1" if impl == "stock" else "")
+def _env(node: str, impl: str, **extra: str) -> dict[str, str]:
+    return clean_env(SHAREDFS_NODE_ID=node, SHAREDFS_DISABLE="1" if impl == "stock" else "", **extra)
 
 
-def cycle(mount: Path, impl: str, cycles: int) -> float:
-    where = mount / f"cycle-{impl}"
+def before_tree(dest: Path) -> dict[str, str]:
+    """sharedfs at :data:`BEFORE` (package, plugins, shims), for ``PYTHONPATH``."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(root), "archive", BEFORE, "sharedfs", "plugins", "shims",
+                              "_sharedfs_bootstrap.py"], capture_output=True, check=True)
+    dest.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    for part in ("plugins", "shims"):  # where a wheel installs them (sharedfs/__init__.py looks there first)
+        (dest / part).rename(dest / "sharedfs" / part)
+    return {"PYTHONPATH": str(dest)}
+
+
+def cycle(mount: Path, impl: str, cycles: int, label: str = "", **extra: str) -> float:
+    where = mount / f"cycle-{impl}{label}"
     where.mkdir()
-    out = subprocess.run([sys.executable, "-c", CYCLE, impl, str(where / "x.lock"), str(cycles)], env=_env("a", impl),
-                         capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run([sys.executable, "-c", CYCLE, impl, str(where / "x.lock"), str(cycles)],
+                         env=_env("a", impl, **extra), capture_output=True, text=True, timeout=600, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -138,7 +153,7 @@ def turns(mounts: list[Path], nodes: str, impl: str, handovers: int, lag: float,
             "waited": sum(g["waited"] for g in got) / max(len(latencies), 1)}
 
 
-def measure(profile: str, quick: bool, scratch: Path) -> list[dict]:
+def measure(profile: str, quick: bool, scratch: Path, before: dict[str, str]) -> list[dict]:
     from sharedfs.testing.realfs import LAG_S, volume
 
     lag = LAG_S if profile == "lagging" else 1.0
@@ -147,9 +162,11 @@ def measure(profile: str, quick: bool, scratch: Path) -> list[dict]:
     with volume("juicefs", nodes=2, profile=profile, workdir=scratch) as vol:
         mounts = list(vol.mounts)
         log(f"juicefs {profile}: acquire+release")
-        stock, mine = cycle(mounts[0], "stock", cycles), cycle(mounts[0], "sharedfs", cycles)
+        stock, old = cycle(mounts[0], "stock", cycles), cycle(mounts[0], "sharedfs", cycles, "-before", **before)
+        mine = cycle(mounts[0], "sharedfs", cycles)
         rows.append(row(f"JuiceFS {profile}: acquire+release, uncontended", round(mine), round(stock), "us",
-                        "as stock within a few metadata round trips", None))
+                        f"as sharedfs at {BEFORE}", None, sharedfs_before=round(old),
+                        ratio_to_before=round(mine / old, 2)))
         for nodes, what in (("aa", "same-node"), ("ab", "cross-node")):
             log(f"juicefs {profile}: {what} handover")
             s, m = (turns(mounts, nodes, impl, handovers, lag, scratch) for impl in ("stock", "sharedfs"))
@@ -173,7 +190,8 @@ def main() -> int:
         log(f"skipped: {reason}")
         return emit([], args.json, "handover on JuiceFS (not run)")
     with tempfile.TemporaryDirectory(prefix="sfs-bench-") as scratch:
-        rows = [r for profile in ("default", "lagging") for r in measure(profile, args.quick, Path(scratch))]
+        before = before_tree(Path(scratch) / "before")
+        rows = [r for profile in ("default", "lagging") for r in measure(profile, args.quick, Path(scratch), before)]
     return emit(rows, args.json, "handover on JuiceFS: sharedfs.lock vs stock filelock")
 
 

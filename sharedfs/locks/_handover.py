@@ -169,6 +169,8 @@ class Handover:
         self.settle = settle
         self.tag = _tag(node_id)
         self.mode = mode
+        #: The record already names this node (read by this hold's arrive): its release writes nothing.
+        self.recorded = False
         #: A waiter asks for a turn after this long; a holder honours one ask this long at most.
         self.ask_after = settle + 2 * poll_interval
         self.honour_for = 2 * settle + 4 * poll_interval + 2.0
@@ -185,6 +187,7 @@ class Handover:
             with where:
                 self._honour_ask(where)
                 previous = self._previous(where)
+        self.recorded = previous == self.tag
         if previous == self.tag:
             stats["same_node"] += 1
         elif previous == b"":
@@ -241,6 +244,8 @@ class Handover:
 
     def depart(self) -> None:
         """While still holding: record this node as the last holder.  Never raises."""
+        if self.recorded:
+            return  # a same-node handover: the record says so already (a write is the dearest step on JuiceFS)
         try:
             with Directory.open(self.directory) as where:
                 try:
@@ -248,6 +253,7 @@ class Handover:
                     try:
                         if os.pwrite(fd, _record("last", self.tag), 0) != RECORD_SIZE:
                             raise OSError("short write")
+                        self.recorded = True
                     finally:
                         os.close(fd)  # the close sends the write to the server
                 except OSError as exc:
