@@ -34,11 +34,12 @@ during it).  So the first task to ``mkdir`` the name makes it ``0700`` and opens
 writes a record of the job step in it; every other node opens the name once, the same way, and
 uses it only if it is private, owned by the job's user (only she can write in it then) and holds
 that record (where the owner is another uid, as NFS gives root's files to ``nobody``, a file made
-``O_EXCL`` beside it and removed at once tells the uid this task's files get).  From then on every file is made, read (size-capped) and renamed relative to that
-descriptor (new files ``O_CREAT|O_EXCL|O_NOFOLLOW``), so a swap of the name meanwhile changes
-nothing; the leader empties it by descriptor once every node said bye and removes it only while
-its name is still that directory.  A refused place is one line naming the fix (``chmod +t
-PATH``: in a sticky directory nobody renames or replaces another's entries).
+``O_EXCL`` beside it and removed at once tells the uid this task's files get).  From then on
+every file is made, read (size-capped) and renamed relative to that descriptor (new files
+``O_CREAT|O_EXCL|O_NOFOLLOW``), so a swap of the name meanwhile changes nothing; the leader
+empties it by descriptor once every node said bye and removes it only while its name is still
+that directory.  A refused place is one line naming the fix (``chmod +t PATH``: in a sticky
+directory nobody renames or replaces another's entries).
 """
 
 from __future__ import annotations
