@@ -378,7 +378,7 @@ def _handover_for(target: Target) -> _handover.Handover | None:
     if settle <= 0:
         return None
     return _handover.Handover(target.lock_file, settle, target.policy.node_id, target.mode,
-                              target.policy.poll_interval)
+                              target.policy.poll_interval, target.team)
 
 
 def _close(hold: Hold) -> None:

@@ -21,6 +21,7 @@ Mounts that declare no cache timeout pay nothing: the lock has no :class:`Handov
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -31,8 +32,10 @@ import threading
 import time
 
 from sharedfs.fs.directory import Directory, identity
-from sharedfs.fs.safefile import read_untrusted
+from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
+from sharedfs.locks._kinds import share
 from sharedfs.model.fsinfo import FsInfo, FuseClient, Mount, client_options, fuse_client
+from sharedfs.model.policy import TeamCache
 
 log = logging.getLogger("sharedfs")
 
@@ -162,13 +165,15 @@ _honoured: dict[tuple[int, int], float] = {}
 class Handover:
     """The handover rule of one lock file on a mount whose clients cache for ``settle`` seconds."""
 
-    def __init__(self, lock_file: str, settle: float, node_id: str, mode: int, poll_interval: float) -> None:
+    def __init__(self, lock_file: str, settle: float, node_id: str, mode: int, poll_interval: float,
+                 team: TeamCache | None = None) -> None:
         self.directory, base = os.path.split(lock_file)
         self.directory = self.directory or "."
         self.last, self.want = base + LAST_SUFFIX, base + WANT_SUFFIX
         self.settle = settle
         self.tag = _tag(node_id)
         self.mode = mode
+        self.team = team  # a team cache's files get its group and mode, as the lock's own do
         #: The record already names this node (read by this hold's arrive): its release writes nothing.
         self.recorded = False
         #: A waiter asks for a turn after this long; a holder honours one ask this long at most.
@@ -203,7 +208,9 @@ class Handover:
             fd = where.open_file(self.last, os.O_RDONLY)
         except FileNotFoundError:
             try:  # asked of the server (an exclusive create revalidates the name): nobody released it yet
-                os.close(where.create_exclusive(self.last, self.mode))
+                fd = where.create_exclusive(self.last, self.mode)
+                share(fd, self.team)
+                os.close(fd)
                 return b""
             except OSError:
                 return None  # created meanwhile by a node whose entry this one does not see yet
@@ -249,22 +256,31 @@ class Handover:
         try:
             with Directory.open(self.directory) as where:
                 try:
-                    fd = where.open_file(self.last, os.O_WRONLY | os.O_CREAT)
-                    try:
-                        if os.pwrite(fd, _record("last", self.tag), 0) != RECORD_SIZE:
-                            raise OSError("short write")
-                        self.recorded = True
-                    finally:
-                        os.close(fd)  # the close sends the write to the server
-                except OSError as exc:
-                    # An older record must not speak for this holder: without it the next one waits.
+                    self._write(where, os.O_WRONLY | os.O_CREAT)
+                except OSError:
+                    # Not ours to write (another user's, no group write), or not a file sharedfs wrote: an older
+                    # record must not speak for this holder, so a file of this holder's own takes its name.
                     where.unlink_quietly(self.last)
-                    _say_once(self.last, "could not record this node as the last holder in %s (%s): the next "
-                              "holder on another node may miss this one's writes for a few seconds; let every "
-                              "user of the lock write it (chmod g+w, or remove it: rm -f %s)",
-                              where.join(self.last), exc, where.join(self.last))
+                    try:
+                        self._write(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                    except OSError as exc:
+                        _say_once(self.last, "could not record this node as the last holder of the lock in %s "
+                                  "(%s): a holder on another node may read what this one replaced through its "
+                                  "stale cache for a few seconds. Let every user of the lock write it: chmod g+w "
+                                  "%s (or remove it)", where.join(self.last), exc, where.join(self.last))
         except OSError:
             pass
+
+    def _write(self, where: Directory, flags: int) -> None:
+        # O_NOFOLLOW|O_NONBLOCK: never through a planted link, never blocked on a FIFO.
+        fd = os.open(self.last, flags | NOFOLLOW, self.mode, dir_fd=where.fd)
+        try:
+            share(fd, self.team)
+            if os.pwrite(fd, _record("last", self.tag), 0) != RECORD_SIZE:
+                raise OSError(errno.EIO, "short write")
+        finally:
+            os.close(fd)  # the close sends the write to the server
+        self.recorded = True
 
     # -- a waiter ---------------------------------------------------------------------------------
 
@@ -274,6 +290,7 @@ class Handover:
             with Directory.open(self.directory) as where:
                 fd = where.create_exclusive(self.want, self.mode)
                 try:
+                    share(fd, self.team)
                     os.write(fd, _record("want", self.tag))
                 finally:
                     os.close(fd)
