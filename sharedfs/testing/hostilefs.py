@@ -22,6 +22,10 @@ profile            behaviour
                    for writing, the other nodes see its size and content as
                    of the writer's last close (empty for a file it created),
                    until the writer closes it (or fsyncs it)
+``estale``         a file one node unlinks or renames over answers ESTALE to
+                   the other nodes' open handles of it (read, fstat, close),
+                   as NFS and GlusterFS answer a handle to a file another
+                   client removed or replaced
 =================  ==========================================================
 
 Profiles combine with ``+``: ``lagging+localflock``, ``nfs-nolock+lagging``, ``nfs-cto+lagging``.
@@ -122,7 +126,7 @@ FSTYPE = "fuse.hostilefs"
 #: Profiles deciding what file locks do; at most one per mount.
 LOCK_PROFILES = ("plain", "lustre-noflock", "nfs-nolock", "localflock")
 #: Every base profile name; combine with ``+``.
-PROFILES = LOCK_PROFILES + ("lagging", "nfs-cto")
+PROFILES = LOCK_PROFILES + ("lagging", "nfs-cto", "estale")
 _LOCK_ERRNO = {"lustre-noflock": errno.ENOSYS, "nfs-nolock": errno.ENOLCK}
 
 _PathLike = Union[str, "os.PathLike[str]"]
@@ -156,11 +160,12 @@ class Profile:
     locks: str  # one of LOCK_PROFILES
     lagging: bool
     cto: bool = False  # nfs-cto
+    estale: bool = False
 
 
 def parse_profile(name: str) -> Profile:
     """Parse ``"localflock"``, ``"lagging+nfs-nolock"``... Raises ValueError."""
-    locks, lagging, cto = "plain", False, False
+    locks, lagging, cto, estale = "plain", False, False, False
     parts = [p.strip() for p in name.split("+") if p.strip()]
     if not parts:
         raise ValueError("empty hostilefs profile")
@@ -169,6 +174,8 @@ def parse_profile(name: str) -> Profile:
             lagging = True
         elif part == "nfs-cto":
             cto = True
+        elif part == "estale":
+            estale = True
         elif part in LOCK_PROFILES:
             if part != "plain" and locks not in ("plain", part):
                 raise ValueError(f"profile {name!r} combines two lock behaviours ({locks}, {part})")
@@ -176,7 +183,7 @@ def parse_profile(name: str) -> Profile:
                 locks = part
         else:
             raise ValueError(f"unknown hostilefs profile {part!r}; known: {', '.join(PROFILES)}")
-    return Profile(name=name, locks=locks, lagging=lagging, cto=cto)
+    return Profile(name=name, locks=locks, lagging=lagging, cto=cto, estale=estale)
 
 
 # --------------------------------------------------------------------------
@@ -398,7 +405,7 @@ class _Retired(Exception):
 class _Handle:
     """One FUSE open file: the backing fd, its inode key, its flock mirror."""
 
-    __slots__ = ("fd", "inode", "flock", "node", "writing")
+    __slots__ = ("fd", "inode", "flock", "node", "writing", "stale")
 
     def __init__(self, fd: int, node: Optional[str] = None) -> None:
         st = os.fstat(fd)
@@ -408,6 +415,7 @@ class _Handle:
         # Who opened it (counted and nfs-cto mounts): the kernel releases files on nobody's behalf.
         self.node = node
         self.writing = False  # nfs-cto: its node has data the server has not got yet
+        self.stale = False  # estale: another node removed or replaced its file
 
 
 def _inode(st: os.stat_result) -> str:
@@ -608,7 +616,7 @@ class HostileOps:
                 pass
 
     def _new_handle(self, fd: int, node: Optional[str] = None) -> int:
-        if node is None and self.counter is not None:
+        if node is None and (self.counter is not None or self.profile.estale):
             node = self._caller_node()
         h = _Handle(fd, node)
         with self._mu:
@@ -623,7 +631,28 @@ class HostileOps:
         h = self._handles.get(fi.fh)
         if h is None:
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        if h.stale:
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
         return h
+
+    def _going(self, path: str) -> Optional[str]:
+        """estale: the inode at ``path`` before an unlink or a rename over it (``None``: nothing there)."""
+        if not self.profile.estale:
+            return None
+        try:
+            return _inode(os.lstat(self._real(path)))
+        except OSError:
+            return None
+
+    def _gone(self, inode: Optional[str]) -> None:
+        """estale: other nodes' open handles of the removed or replaced ``inode`` answer ESTALE from now on."""
+        if inode is None:
+            return
+        node = self._caller_node()
+        with self._mu:
+            for h in self._handles.values():
+                if h.inode == inode and h.node != node:
+                    h.stale = True
 
     # ---- namespace and attributes --------------------------------------
 
@@ -703,7 +732,9 @@ class HostileOps:
 
     def unlink(self, path: str) -> int:
         self._meta()
+        going = self._going(path)
         os.unlink(self._real(path))
+        self._gone(going)
         if self.vis is not None:
             self.vis.removed(path)
         return 0
@@ -717,7 +748,10 @@ class HostileOps:
 
     def rename(self, old: str, new: str) -> int:
         self._meta()
+        # libfuse unlinks an open file, or one a rename replaces, by renaming it to .fuse_hiddenXXXX first.
+        going = self._going(old if os.path.basename(new).startswith(".fuse_hidden") else new)
         os.rename(self._real(old), self._real(new))
+        self._gone(going)
         if self.vis is not None:
             self.vis.renamed(old, new, self._caller_node())
         return 0
@@ -830,6 +864,8 @@ class HostileOps:
         return os.pwrite(h.fd, data, offset)
 
     def flush(self, path: Optional[str], fi: Any) -> int:
+        if self.profile.estale:
+            self._handle(fi)  # ESTALE from close(2), as GlusterFS answers after another client's rename-over
         if self.cto is not None:
             h = self._handle(fi)
             if h.writing and self.flush_s:
