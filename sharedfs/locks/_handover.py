@@ -239,8 +239,11 @@ class Handover:
             return
         asked = identity(got[1])
         if tag != self.tag:
-            first = _honoured.setdefault(asked, time.monotonic())
-            if time.monotonic() - first < self.honour_for:
+            now = time.monotonic()
+            first = _honoured.setdefault(asked, now)
+            if now - first > 3 * self.honour_for:  # long gone: this is a new ask on a recycled inode number
+                first = _honoured[asked] = now
+            if now - first < self.honour_for:
                 stats["yields"] += 1
                 raise Yield
         # This node's turn came (or the asker never took it): the ask is answered.
