@@ -192,6 +192,7 @@ def _state(path: str) -> str:
 
 def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: Policy) -> str:
     """Make ``path`` hold ``payload`` unless a whole entry is there already; return ``path``."""
+    from sharedfs.fs import stale
     from sharedfs.fs.publish import fsync_dir
     from sharedfs.fs.recordfile import create_record, discard_if_same, identity
 
@@ -212,7 +213,7 @@ def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: 
         fsync_dir(directory)
     finally:
         discard_if_same(temp, held)  # only our own temp file, and only while the name still is it
-        os.close(fd)
+        stale.close(fd)  # ESTALE: another node replaced the entry we published; the descriptor is freed
     return path
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import WaitTimeout
+from sharedfs.fs import stale
 from sharedfs.fs.directory import Changed, Directory
 from sharedfs.fs.recordfile import create_record, discard_if_same, identity
 from sharedfs.fs.safefile import read_untrusted
@@ -121,7 +122,7 @@ class InUse:
             lay, directory = _tree(cache_dir, "inuse", current)
             path = os.path.join(directory, name)
             try:
-                os.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache, lay.team))
+                stale.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache, lay.team))
             except FileNotFoundError:
                 if attempt:
                     raise
@@ -212,7 +213,7 @@ class _Claim:
     def abandon(self) -> None:
         if self.fd is not None:
             discard_if_same(self.path, identity(self.fd))
-            os.close(self.fd)
+            stale.close(self.fd)
             self.fd = None
 
 
