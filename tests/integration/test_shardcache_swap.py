@@ -119,7 +119,7 @@ def site() -> Iterator[Site]:
         for path in (root / "src", *(root / "src").iterdir()):
             path.chmod(0o755 if path.is_dir() else 0o644)
         before = sharedfs_at(BEFORE, root / "before")
-        with ShardServer(root / "src") as shards:
+        with ShardServer(root / "src", max_seconds=1800) as shards:  # the module runs 5-10 minutes
             yield Site(root, alice, bob, shards, before)
 
 
