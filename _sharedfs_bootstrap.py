@@ -65,6 +65,7 @@ TARGETS = {
     "torch_hub": "torch.hub",  # load_state_dict_from_url; imported by `import torch`
     "modelscope": "modelscope_hub._download",  # _optional_file_lock; imported by `import modelscope_hub`
     "megatron": "megatron.core.datasets.gpt_dataset",  # GPTDataset's index cache (path_to_cache)
+    "tvm_ffi": "tvm_ffi.cpp.extension",  # its JIT build lock; imported by `import tvm_ffi`
 }
 
 #: Modules where a shim only replaces the lock class the framework builds its locks from:

@@ -1,0 +1,185 @@
+"""tvm-ffi (``apache-tvm-ffi``): the JIT build cache's lock gets a kind right for its filesystem.
+
+``tvm_ffi.cpp.load_inline`` / ``build_inline`` / ``build`` / ``load`` (how SGLang's JIT
+kernels are built) build each module in
+``<TVM_FFI_CACHE_DIR or ~/.cache/tvm-ffi>/<name>_<hash>/`` under
+``tvm_ffi.utils.FileLock(<build_dir>/lock)``: a non-blocking ``flock`` retried every 0.1 s,
+which takes *any* ``OSError`` for "someone holds it".  With the cache in a cluster home
+(sglang#31347, tvm-ffi#667 "final link failed: Stale file handle"):
+
+* NFS without lockd (ENOLCK) or Lustre without ``-o flock`` (ENOSYS): every build waits
+  forever, without a word;
+* GPFS / Lustre ``localflock`` / NFS ``local_lock``: flock excludes one node only, so two
+  nodes compile and link into one directory at once (``file too short``, ``ld returned 1
+  exit status``, a module that fails to load).
+
+The shim rebinds ``FileLock`` in ``tvm_ffi.cpp.extension`` (bound there at its import) to
+:class:`SharedFSBuildLock`, a subclass of tvm-ffi's class with its interface and behaviour
+(``with`` waits forever, ``acquire()`` tries once, ``blocking_acquire(timeout)`` raises
+``TimeoutError``) on sharedfs's lock: the kind chosen for the cache's filesystem, a run-time
+ENOLCK/ENOSYS switching to an existence lock with a holder record, a dead holder recognised on
+any node, the next holder on another node waiting out its metadata caches.  Where that kind is
+not a flock of ``<build_dir>/lock`` itself, the file is also flocked as tvm-ffi without sharedfs
+flocks it (where flock works at all), so builders of another environment on the node still
+exclude and are excluded.  The cache directory itself follows the placed-cache row
+``TVM_FFI_CACHE_DIR`` (one directory per node), and the ``makedirs`` shim, applied with this one,
+guards tvm-ffi's ``mkdir(parents=True, exist_ok=True)`` of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+from sharedfs.machinery.log import decision
+from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+
+log = logging.getLogger("sharedfs")
+
+#: How often tvm-ffi retries its lock (its ``poll_interval`` default): the stock file is polled as often.
+POLL = 0.1
+
+
+class SharedFSBuildLock:
+    """In front of ``tvm_ffi.utils.FileLock``: its interface on sharedfs's lock (see the module's docstring)."""
+
+    #: The policy this class applies (set on the per-policy subclass :func:`build_lock_class` makes).
+    policy: Policy
+    lock_file_path: str
+
+    def __init__(self, lock_file_path: str) -> None:
+        super().__init__(lock_file_path)  # type: ignore[call-arg]  # tvm-ffi's: lock_file_path, _file_descriptor
+        self._sharedfs_lock: Any = None
+        self._sharedfs_stock: Any = None
+        self._sharedfs_held = False
+
+    def acquire(self) -> bool:
+        """One attempt, as tvm-ffi's: False when another holds it (or this instance does already)."""
+        import filelock
+
+        if self._sharedfs_held:
+            return False
+        try:
+            self._take(0)
+        except filelock.Timeout:
+            return False
+        return True
+
+    def blocking_acquire(self, timeout: float | None = None, poll_interval: float = POLL) -> bool:
+        """Wait for the lock (forever by default, as tvm-ffi waits); ``TimeoutError`` after ``timeout`` seconds."""
+        import filelock
+
+        if self._sharedfs_held:
+            raise RuntimeError("Lock is already held by this instance.")
+        try:
+            self._take(-1 if timeout is None else timeout)
+        except filelock.Timeout as exc:  # sharedfs's message names the holder: chained
+            raise TimeoutError(f"Failed to acquire lock on '{self.lock_file_path}' after {timeout} seconds.") from exc
+        return True
+
+    def release(self) -> None:
+        if not self._sharedfs_held:
+            return
+        self._sharedfs_held = False
+        stock, self._sharedfs_stock = self._sharedfs_stock, None
+        try:
+            if stock is not None:
+                stock.release()
+        finally:
+            self._sharedfs_lock.release()
+
+    def _take(self, timeout: float) -> None:
+        from sharedfs.locks import lock
+
+        started = time.monotonic()
+        if self._sharedfs_lock is None:
+            self._sharedfs_lock = lock(self.lock_file_path, timeout=-1, policy=self.policy)
+        self._sharedfs_lock.acquire(timeout=timeout)
+        try:
+            self._sharedfs_stock = self._hold_stock_file(started, timeout)
+        except BaseException:
+            self._sharedfs_lock.release()
+            raise
+        self._sharedfs_held = True
+
+    def _hold_stock_file(self, started: float, timeout: float) -> Any:
+        """tvm-ffi's own flock of the lock file, beside a sharedfs lock of another kind; None where not needed.
+
+        Where flock fails (ENOLCK, ENOSYS) tvm-ffi without sharedfs never holds the file (it waits forever),
+        so there is nothing to exclude it by.
+        """
+        from sharedfs.errors import LockTimeout
+        from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
+        from sharedfs.locks.stock import FLOCK, StockLockFile, stock_mechanism
+
+        if self._sharedfs_lock.kind == FLOCK:
+            return None  # sharedfs's lock is a flock of this very file: tvm-ffi's own way already
+        path = os.path.abspath(self.lock_file_path)
+        if stock_mechanism(os.path.dirname(path)) != FLOCK:
+            return None
+        held = StockLockFile(path, FLOCK)
+        report_at = started + REPORT_AFTER
+        while not held.try_acquire():
+            now = time.monotonic()
+            if 0 <= timeout <= now - started:
+                raise LockTimeout(path, f"The file lock '{path}' could not be acquired: sharedfs holds its own lock "
+                                        "on it, and a tvm-ffi process without sharedfs on this node flocks the file.")
+            if now >= report_at:
+                report_at = now + REPORT_EVERY
+                log.warning("still waiting after %.0f s for %s, flocked by a tvm-ffi build without sharedfs on this "
+                            "node (another environment, or SHAREDFS_DISABLE); tvm-ffi waits for it as long",
+                            now - started, path)
+            time.sleep(POLL)
+        return held
+
+
+_classes: dict[tuple[type, Policy], type] = {}
+_classes_lock = threading.Lock()
+
+
+def build_lock_class(own: type, policy: Policy) -> type:
+    """tvm-ffi's ``FileLock`` under ``policy``: :class:`SharedFSBuildLock` in front of ``own`` (isinstance holds)."""
+    with _classes_lock:
+        made = _classes.get((own, policy))
+        if made is None:
+            made = type(own.__name__, (SharedFSBuildLock, own), {
+                "__module__": __name__, "__qualname__": own.__qualname__, "policy": policy,
+                "__doc__": f"sharedfs drop-in for {own.__module__}.{own.__qualname__} in tvm_ffi.cpp.extension: " +
+                           (SharedFSBuildLock.__doc__ or ""),
+            })
+            _classes[(own, policy)] = made
+        return made
+
+
+def _tvm_lock_class(current: type) -> type:
+    """tvm-ffi's own class behind ``current`` (a sharedfs class left bound by an earlier activation)."""
+    for cls in current.__mro__:
+        if not issubclass(cls, SharedFSBuildLock):
+            return cls
+    return current  # pragma: no cover - build_lock_class always derives from tvm-ffi's class
+
+
+class TvmFfiShim(Shim):
+    name = "tvm_ffi"
+    # `import tvm_ffi` imports tvm_ffi.cpp, which executes this module: it binds FileLock at its import.
+    target = "tvm_ffi.cpp.extension"
+    distribution = "apache-tvm-ffi"
+    # cpp/extension.py with `from tvm_ffi.utils import FileLock` and FileLock(<build_dir>/lock) around each build
+    # since 0.1.5 (0.1.0-0.1.4: cpp/load_inline.py); utils/lockfile.py unchanged since.  Read: 0.1.5, 0.1.9, 0.1.12,
+    # 0.1.15.post2; tested with 0.1.15.post2 (tests/integration/test_tvm_ffi.py).
+    supported = ">=0.1.5,<0.2"
+
+    def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
+        own = _tvm_lock_class(module.FileLock)
+        self.patcher.setattr(module, "FileLock", build_lock_class(own, policy))
+        decision("tvm_ffi: JIT build locks (<cache>/<name>_<hash>/lock) are sharedfs's, of the kind chosen for "
+                 "the cache's filesystem")
+
+
+@hookimpl
+def sharedfs_register_shims() -> list[Shim]:
+    return [TvmFfiShim()]
