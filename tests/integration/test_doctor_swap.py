@@ -69,12 +69,15 @@ SWAPPER = textwrap.dedent("""
                 os.rename(entry.path, os.path.join(team, f"moved-{len(seen)}"))
             except OSError:
                 continue
-            if mode == "links":
-                os.mkdir(entry.path, 0o755)
-                for name, target in links:
-                    os.symlink(target, os.path.join(entry.path, name))
-            else:
-                os.rename(results, entry.path)
+            try:  # doctor may have made the name again first: that round is lost, not the loop
+                if mode == "links":
+                    os.mkdir(entry.path, 0o755)
+                    for name, target in links:
+                        os.symlink(target, os.path.join(entry.path, name))
+                else:
+                    os.rename(results, entry.path)
+            except OSError:
+                continue
             swaps += 1
         time.sleep(0.0005)
     print(swaps, flush=True)
