@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the command that installs it (in a clone, pip install '.[demo]' brings them all).")
     _json_flag(demo, JSON_HELP + " (progress goes to stderr)")
     demo.add_argument("--no-fuse", action="store_true", help="use the LD_PRELOAD fallback even if FUSE works")
+    demo.add_argument("--fs", metavar="NAME",
+                      help="where the cross-node scenarios run: hostilefs (our FUSE fake, the default), or a real "
+                           "juicefs, moosefs or glusterfs volume with one client mount per node")
     demo.add_argument("--only", action="append", metavar="TEXT",
                       help="run the scenarios whose name contains TEXT (repeatable)")
     demo.add_argument("--html", metavar="FILE", help="also write a one-page HTML report (for a ticket)")

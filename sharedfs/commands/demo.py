@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from sharedfs.testing.scenarios import (
+    FILESYSTEMS,
     OLD_FILELOCK,
     REFERENCES,
     SCENARIOS,
+    OnRealFS,
     Outcome,
     Scenario,
     ScenarioSkipped,
@@ -65,6 +67,11 @@ class Result:
     story: str = ""
     #: The framework release that fixed this failure itself ("torch 2.14"), when the installed one has it.
     upstream_fix: str = ""
+    #: The filesystem it ran on (:data:`FILESYSTEMS`), and the cause of the failure as the run observed it.
+    fs: str = "hostilefs"
+    cause: str = ""
+    #: Set when a real filesystem did not show the failure: why, as the run observed it.
+    not_reproduced: str = ""
 
     @property
     def fixed(self) -> bool:
@@ -79,7 +86,14 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.fixed or self.fixed_upstream
+        """Fixed, fixed upstream, or a real filesystem without the failure where sharedfs did not fail either."""
+        not_here = bool(self.not_reproduced and self.with_sharedfs and not self.with_sharedfs.failed)
+        return self.fixed or self.fixed_upstream or not_here
+
+    @property
+    def not_run(self) -> bool:
+        """Not a behaviour of the real filesystem chosen: listed with why, not run."""
+        return bool(self.skipped and self.skipped.startswith("not run on "))
 
     @property
     def ran(self) -> bool:
@@ -93,6 +107,8 @@ class Result:
             return "fixed"
         if self.fixed_upstream:
             return f"fixed upstream in {self.upstream_fix} (sharedfs keeps older releases safe)"
+        if self.ok:
+            return f"not reproduced on {self.fs}"
         return "NOT FIXED"
 
 
@@ -159,30 +175,41 @@ class Progress:
 
 
 def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
-             progress: Progress | None = None) -> tuple[list[Result], str]:
-    """Run the chosen scenarios; the results and a description of the simulated filesystem."""
+             progress: Progress | None = None, fs: str = "hostilefs") -> tuple[list[Result], str]:
+    """Run the chosen scenarios; the results and a description of the simulated filesystem.
+
+    ``fs`` other than ``hostilefs`` runs the cross-node scenarios on that real filesystem (one client
+    mount per node) and lists the others as not run there, with why.
+    """
     from sharedfs.testing.hostilefs import fuse_available
 
     chosen = [s for s in SCENARIOS if not only or any(o.lower() in s.name.lower() for o in only)]
     progress = progress or Progress(sys.stderr, len(chosen))
     progress.total = len(chosen)
-    if use_fuse is False:
+    if fs != "hostilefs":
+        fuse, why = True, ""
+        mode = f"{fs} (real FUSE client mounts, one per node, each with its own kernel caches)"
+    elif use_fuse is False:
         fuse, why = False, "--no-fuse given"
     else:
         fuse, why = fuse_available()
-    mode = "FUSE filesystems (hostilefs)" if fuse else f"LD_PRELOAD flock faults (no FUSE: {why})"
+    if fs == "hostilefs":
+        mode = "FUSE filesystems (hostilefs)" if fuse else f"LD_PRELOAD flock faults (no FUSE: {why})"
     progress.line(f"sharedfs demo: {len(chosen)} scenario(s); simulated cluster filesystem = {mode}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHAREDFS_", "HF_", "LD_PRELOAD"))}
     results = []
     with tempfile.TemporaryDirectory(prefix="sharedfs-demo-") as work, ExitStack() as stack:
         env["HF_HOME"] = str(Path(work) / "hf-home")
-        sim = Sim(Path(work), stack, fuse, why, base_env=env, note=progress.line)
+        sim = Sim(Path(work), stack, fuse, why, base_env=env, note=progress.line, fs=fs)
         for index, scenario in enumerate(chosen, 1):
             progress.begin(index, scenario.name)
             result = run_one(scenario, sim, fuse, why)
             for outcome in (result.without, result.with_sharedfs):  # the temp dir says nothing to a reader
                 if outcome is not None:
                     outcome.evidence = outcome.evidence.replace(f"{work}/", ".../")
+                    outcome.cause = outcome.cause.replace(f"{work}/", ".../")
+            result.cause = result.cause.replace(f"{work}/", ".../")
+            result.not_reproduced = result.not_reproduced.replace(f"{work}/", ".../")
             progress.end(index, result)
             results.append(result)
     progress.close()
@@ -190,10 +217,15 @@ def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
 
 
 def run_one(scenario: Scenario, sim: Sim, fuse: bool, why_not_fuse: str) -> Result:
-    result = Result(scenario.name, scenario.field_report, story=scenario.story, upstream_fix=scenario.upstream_fix)
+    result = Result(scenario.name, scenario.field_report, story=scenario.story, upstream_fix=scenario.upstream_fix,
+                    fs=sim.fs)
     started = time.monotonic()
     missing = missing_modules(scenario.needs)
-    if missing:
+    plan = scenario.on(sim.fs) if sim.real else None
+    sim.plan = plan if isinstance(plan, OnRealFS) else None
+    if isinstance(plan, str):
+        result.skipped = f"not run on {sim.fs}: {plan}"
+    elif missing:
         result.skipped = f"needs {', '.join(missing)}, not installed"
         result.install = f"{install_command(missing)}  (or everything the demo uses: {DEMO_EXTRA})"
     elif scenario.needs_fuse and not fuse:
@@ -203,6 +235,10 @@ def run_one(scenario: Scenario, sim: Sim, fuse: bool, why_not_fuse: str) -> Resu
     else:
         try:
             result.without, result.with_sharedfs = scenario.run(sim)
+            result.cause = result.without.cause
+            if sim.real and not result.without.failed:  # the run says why: this client does not show it
+                result.not_reproduced = result.without.cause or (
+                    f"not reproduced on {sim.fs}: the program succeeded without sharedfs")
         except ScenarioSkipped as exc:
             result.skipped = str(exc)
         except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
@@ -223,7 +259,13 @@ def summary(results: list[Result]) -> str:
         releases = ", ".join(sorted({r.upstream_fix for r in upstream}))
         text += (f"; {len(upstream)} fixed upstream in the installed release ({releases}; sharedfs keeps older "
                  "releases safe)")
-    skipped = [r for r in results if r.skipped]
+    not_here = [r for r in ran if r.not_reproduced]
+    if not_here:
+        text += f"; {len(not_here)} not reproduced on {not_here[0].fs} (see above for what the run showed)"
+    not_run = [r for r in results if r.not_run]
+    if not_run:
+        text += f"; {len(not_run)} not run on {not_run[0].fs} (not its behaviour: see above)"
+    skipped = [r for r in results if r.skipped and not r.not_run]
     if skipped:
         text += f"; {len(skipped)} skipped (see above for what they need)"
     return text
@@ -232,7 +274,10 @@ def summary(results: list[Result]) -> str:
 def render(results: list[Result], mode: str) -> str:
     lines = [f"\nsimulated with: {mode}\n"]
     for r in results:
-        lines.append(f"{r.name}  [{r.field_report}]")
+        lines.append(f"{r.name}  [{r.field_report}]" + (f"  on {r.fs}" if r.fs != "hostilefs" else ""))
+        if r.not_run:
+            lines.append(f"    {r.skipped}")
+            continue
         if r.skipped:
             lines.append(f"    skipped: {r.skipped}")
             if r.install:
@@ -245,6 +290,8 @@ def render(results: list[Result], mode: str) -> str:
         lines.append(f"    without sharedfs: {'FAILS' if r.without.failed else 'ok   '}  {r.without.evidence}")
         lines.append(f"    with sharedfs:    {'FAILS' if r.with_sharedfs.failed else 'ok   '}  "
                      f"{r.with_sharedfs.evidence}")
+        if r.cause:
+            lines.append(f"    cause (observed): {r.cause}")
         if not r.fixed:
             lines.append(f"    verdict:          {r.verdict}")
     lines.append(f"\n{summary(results)}")
@@ -252,7 +299,7 @@ def render(results: list[Result], mode: str) -> str:
 
 
 def as_data(results: list[Result], mode: str) -> dict[str, Any]:
-    return {"mode": mode, "summary": summary(results),
+    return {"mode": mode, "fs": results[0].fs if results else "hostilefs", "summary": summary(results),
             "scenarios": [{**asdict(r), "fixed": r.fixed, "fixed_upstream": r.fixed_upstream, "verdict": r.verdict}
                           for r in results]}
 
@@ -293,6 +340,7 @@ def render_html(results: list[Result], mode: str, doctor: list[tuple[str, list[s
             cls = "bad" if outcome.failed else "good"
             cells.append(f"<td class='{cls}'><b>{'FAILS' if outcome.failed else 'ok'}</b> {esc(outcome.evidence)}</td>")
         verdict = "" if r.fixed else f"<br><i>{esc(r.verdict)}</i>"
+        verdict += f"<br><small>cause (observed): {esc(r.cause)}</small>" if r.cause else ""
         rows.append(f"<tr><td><b>{esc(r.name)}</b><br><small>{esc(r.story)} [{_link(r.field_report)}]</small>"
                     f"{verdict}</td>" + "".join(cells) + "</tr>")
     doctor_html = "".join(f"<h3><code>{esc(path)}</code></h3><pre>{esc(chr(10).join(lines))}</pre>"
@@ -344,6 +392,7 @@ def render_markdown(results: list[Result], mode: str, doctor: list[tuple[str, li
             lines.append(f"| {what} | {r.verdict}: {cell(r.skipped or r.error or '')}{install} | |")
             continue
         assert r.without and r.with_sharedfs
+        what += f" cause (observed): {cell(r.cause)}" if r.cause else ""
         lines.append(f"| {what} | {'**FAILS**' if r.without.failed else 'ok'} {cell(r.without.evidence)} | "
                      f"{'**FAILS**' if r.with_sharedfs.failed else 'ok'} {cell(r.with_sharedfs.evidence)} |")
     lines += ["", "## This cluster: `sharedfs doctor`", ""]
@@ -358,9 +407,35 @@ def render_markdown(results: list[Result], mode: str, doctor: list[tuple[str, li
 DoctorSections = Callable[[list[str]], list[tuple[str, list[str]]]]
 
 
+#: Names ``--fs`` also takes, for the filesystems' own spellings.
+FS_ALIASES = {"gluster": "glusterfs", "hostile": "hostilefs"}
+
+
+def chosen_fs(args: Any) -> tuple[str | None, str]:
+    """The filesystem ``--fs`` names (``hostilefs`` when absent), or ``None`` and the one line that says why not."""
+    name = (getattr(args, "fs", None) or "hostilefs").strip().lower()
+    fs = FS_ALIASES.get(name, name)
+    if fs not in FILESYSTEMS:
+        return None, (f"sharedfs demo: --fs {getattr(args, 'fs', '')!r} is not a filesystem the demo knows; "
+                      f"use one of {', '.join(FILESYSTEMS)}")
+    if fs != "hostilefs" and getattr(args, "no_fuse", False):
+        return None, f"sharedfs demo: --fs {fs} runs on FUSE client mounts; drop --no-fuse"
+    if fs != "hostilefs":
+        from sharedfs.testing.realfs import unavailable
+
+        reason = unavailable(fs)
+        if reason:
+            return None, f"sharedfs demo: {fs} cannot run here: {reason}"
+    return fs, ""
+
+
 def main(args: Any, doctor_sections: DoctorSections | None = None) -> int:
     as_json = getattr(args, "json", False)
     only = getattr(args, "only", None)
+    fs, why_not = chosen_fs(args)
+    if fs is None:
+        print(why_not, file=sys.stderr)
+        return 2
     chosen = [s for s in SCENARIOS if not only or any(o.lower() in s.name.lower() for o in only)]
     if not chosen:
         names = "\n  ".join(s.name for s in SCENARIOS)
@@ -369,7 +444,7 @@ def main(args: Any, doctor_sections: DoctorSections | None = None) -> int:
     progress = Progress(sys.stderr, len(chosen))
     try:
         results, mode = run_demo(use_fuse=False if getattr(args, "no_fuse", False) else None, only=only,
-                                 progress=progress)
+                                 progress=progress, fs=fs)
     except KeyboardInterrupt:
         progress.close()
         print("\nsharedfs demo: interrupted; everything it mounted and started was cleaned up", file=sys.stderr)

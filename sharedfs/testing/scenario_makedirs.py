@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 #: The lingua code, reproduced (see the module doc for the commit and the lines).
 LINGUA_A38FE06 = r'''
@@ -197,9 +197,11 @@ NODES = 3
 RANKS_PER_NODE = 2
 
 
-def run_ranks(shared: Path, run: str, env: Mapping[str, str], *, timeout: float = 600) -> list[dict[str, str]]:
+def run_ranks(shared: Path, run: str, env: Mapping[str, str], *, timeout: float = 600,
+              mounts: Sequence[Path] | None = None) -> list[dict[str, str]]:
     """Run the six ranks (three simulated nodes) on ``shared``; each rank's step outcomes, in rank order.
 
+    ``mounts`` (a real filesystem): node ``n``'s ranks use ``mounts[n]``, its own client's view of ``shared``.
     A rank that died before reporting gets its last stderr line for every step.
     """
     world = NODES * RANKS_PER_NODE
@@ -209,7 +211,8 @@ def run_ranks(shared: Path, run: str, env: Mapping[str, str], *, timeout: float 
         for rank in range(world):
             rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % RANKS_PER_NODE),
                         "SHAREDFS_NODE_ID": f"n{rank // RANKS_PER_NODE}"}
-            procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(shared / run), str(shared / f"{run}-dcp"),
+            root = mounts[rank // RANKS_PER_NODE] if mounts else shared
+            procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(root / run), str(root / f"{run}-dcp"),
                                            store], env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, cwd=local))
         results = []

@@ -24,6 +24,8 @@ from sharedfs.testing.nodes import run_on_nodes
 RANK = r"""
 import hashlib, json, os, sys, time
 cache_dir, kernels, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# On a real filesystem each node reaches the cache through its own client mount.
+cache_dir = json.loads(os.environ.get("SCENARIO_NODE_DIRS", "{}")).get(os.environ["SHAREDFS_NODE_ID"], cache_dir)
 os.environ["TRITON_CACHE_DIR"] = cache_dir
 from triton.runtime.cache import get_cache_manager
 index, gate = int(os.environ["SHAREDFS_TEST_INDEX"]), os.environ["SCENARIO_GATE"]
@@ -69,14 +71,19 @@ print(json.dumps({"errors": errors, "hits": hits, "puts": puts,
 
 
 def run(cache_dir: Path, nodes: Mapping[str, int] | Sequence[str], env: Mapping[str, str], *, kernels: int = 6,
-        rounds: int = 3, python: str | None = None, timeout: float = 240.0) -> list[dict]:
-    """Run :data:`RANK` in each process of ``nodes``; one dict per process (``errors``, ``hits``, ``puts``, ...)."""
+        rounds: int = 3, python: str | None = None, timeout: float = 240.0,
+        node_dirs: Mapping[str, str] | None = None) -> list[dict]:
+    """Run :data:`RANK` in each process of ``nodes``; one dict per process (``errors``, ``hits``, ``puts``, ...).
+
+    ``node_dirs`` (a real filesystem): each node's path to the cache, through its own client mount.
+    """
     import sys
     import tempfile
 
     argv = [python or sys.executable, "-c", RANK, str(cache_dir), str(kernels), str(rounds)]
+    extra = {"SCENARIO_NODE_DIRS": json.dumps(dict(node_dirs))} if node_dirs else {}
     with tempfile.TemporaryDirectory(prefix="sharedfs-triton-gate-") as gate:
-        results = run_on_nodes(argv, nodes, env={**env, "SCENARIO_GATE": gate}, timeout=timeout)
+        results = run_on_nodes(argv, nodes, env={**env, **extra, "SCENARIO_GATE": gate}, timeout=timeout)
     out = []
     for result in results:
         lines = result.stdout.strip().splitlines()

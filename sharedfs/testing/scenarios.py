@@ -36,7 +36,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from sharedfs.testing.shardserver import ShardServer
@@ -86,6 +86,22 @@ class ScenarioSkipped(Exception):
 class Outcome:
     failed: bool  # did the program fail (crash, hang, corrupt, break a live lock)?
     evidence: str
+    #: Why it failed (or did not), as this run observed it ("" where the evidence says it all).
+    cause: str = ""
+
+
+#: The filesystems ``sharedfs demo --fs`` runs on: our FUSE fake, and the real ones of
+#: :mod:`sharedfs.testing.realfs` (one client mount per node).
+FILESYSTEMS = ("hostilefs", "juicefs", "moosefs", "glusterfs")
+
+
+@dataclass(frozen=True)
+class OnRealFS:
+    """The volume a cross-node scenario needs on a real filesystem (:func:`sharedfs.testing.realfs.volume`)."""
+
+    profile: str = "lagging"
+    nodes: int = 3  # one volume serves every scenario (the Triton and makedirs ones want 3 nodes)
+    node_local_locks: bool = False  # MooseFS: flock and fcntl exclude one node's processes only
 
 
 @dataclass
@@ -100,6 +116,42 @@ class Sim:
     base_env: dict[str, str] = field(default_factory=dict)
     #: Progress notes a scenario wants the user to see (a download, a long wait).
     note: Callable[[str], None] = lambda line: None
+    #: Which filesystem the cross-node scenarios run on (:data:`FILESYSTEMS`), and, on a real one,
+    #: the volume the running scenario asked for.
+    fs: str = "hostilefs"
+    plan: OnRealFS | None = None
+    _volumes: dict[OnRealFS, tuple[Path, ...]] = field(default_factory=dict)
+
+    @property
+    def real(self) -> bool:
+        return self.fs != "hostilefs"
+
+    def node_dirs(self) -> list[Path]:
+        """A fresh directory on the real volume :attr:`plan` names, seen through each node's own client mount.
+
+        Volumes are started on first use and kept for the demo's other scenarios (``stack`` stops them).
+        """
+        from sharedfs.testing.realfs import RealFSUnavailable, volume
+
+        assert self.plan is not None, "node_dirs() is for a scenario running on a real filesystem"
+        if self.plan not in self._volumes:
+            self.note(f"starting {self.fs} ({self.plan.nodes} client mounts, {self.plan.profile} caches"
+                      + (", node-local locks" if self.plan.node_local_locks else "") + ")")
+            try:
+                vol = self.stack.enter_context(volume(self.fs, nodes=self.plan.nodes, profile=self.plan.profile,
+                                                      workdir=self.work, node_local_locks=self.plan.node_local_locks))
+            except RealFSUnavailable as exc:
+                raise ScenarioSkipped(str(exc)) from None
+            self._volumes[self.plan] = vol.mounts
+        mounts = self._volumes[self.plan]
+        self.counter += 1
+        name = f"s{self.counter}"
+        (mounts[0] / name).mkdir()
+        dirs = [mnt / name for mnt in mounts]
+        deadline = time.monotonic() + 30  # the other clients' entry caches may not show it yet
+        while not all(d.is_dir() for d in dirs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return dirs
 
     def shared_dir(self, profile: str, *, lag_ms: float = 2000) -> tuple[Path, dict[str, str]]:
         """A fresh directory with ``profile``'s faults, and the environment its processes need."""
@@ -242,7 +294,7 @@ def datasets_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
 # -- locks that exclude one node only ------------------------------------------------------------
 
 COUNTER = """
-    import os, sys, time
+    import json, os, sys, time
     lock_file, counter, which = sys.argv[1], sys.argv[2], sys.argv[3]
     if which == "sharedfs":
         import sharedfs
@@ -250,8 +302,10 @@ COUNTER = """
     else:
         import filelock
         lock = filelock.FileLock(lock_file)
+    holds = []  # (entered, left, value read, value written): what the scenario's cause is derived from
     for _ in range(10):
         with lock:
+            entered = time.monotonic()  # one clock for every process of this machine, whatever its "node"
             try:
                 with open(counter) as fh:
                     value = int(fh.read() or 0)
@@ -261,19 +315,74 @@ COUNTER = """
             with open(counter + f".{os.getpid()}", "w") as fh:
                 fh.write(str(value + 1))
             os.replace(counter + f".{os.getpid()}", counter)
+            holds.append((entered, time.monotonic(), value, value + 1))
+    print(json.dumps(holds))
 """
+COUNTER_PROCESSES, COUNTER_HOLDS = 8, 80
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What the counter's holders did, from their own records: who overlapped whom, who read a stale value."""
+
+    holds: int
+    handovers: int
+    overlapped: int  # handovers where the next holder entered before the last one left
+    stale: int  # reads of something other than what the last holder to leave had written
+
+    @classmethod
+    def of(cls, records: list[tuple[float, float, int, int]]) -> Holds:
+        records = sorted(records)
+        overlapped = stale = 0
+        left_last = float("-inf")
+        for i, (entered, left, read, _) in enumerate(records):
+            if i and entered < left_last:
+                overlapped += 1
+            left_last = max(left_last, left)
+            before = [(lft, wrote) for _, lft, _, wrote in records if lft <= entered]
+            if read != max(before, default=(0.0, 0))[1]:
+                stale += 1
+        return cls(len(records), max(len(records) - 1, 0), overlapped, stale)
+
+    def text(self) -> str:
+        return (f"{self.overlapped} of {self.handovers} handovers overlapped, "
+                f"{self.stale} of {self.holds} reads stale")
+
+    def cause(self, fs: str) -> str:
+        """The cause this run showed (two holders at once outranks a stale read: it explains both)."""
+        if self.overlapped:
+            return (f"node-local flock: two holders at once in {self.overlapped} of {self.handovers} handovers "
+                    "(flock excluded only the processes of one node)")
+        if self.stale:
+            return (f"the next holder read a stale value through the client cache ({self.stale} of {self.holds} "
+                    f"reads); flock excluded across nodes (0 of {self.handovers} handovers overlapped)")
+        return (f"not reproduced on {fs}: flock excluded across nodes and every holder read the last value "
+                f"(0 of {self.handovers} handovers overlapped, 0 stale reads)")
 
 
 def _counter_run(sim: Sim, which: str) -> Outcome:
-    path, env = sim.shared_dir("localflock")
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COUNTER), str(path / "c.lock"),
-                               str(path / "count"), which], env={**env, "SHAREDFS_NODE_ID": f"node{i % 2}"},
-                              stderr=subprocess.PIPE, text=True) for i in range(8)]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
+    if sim.real:  # one client mount per node: a process reaches the volume through its node's own mount
+        dirs = sim.node_dirs()
+        env = dict(sim.base_env)
+    else:
+        path, env = sim.shared_dir("localflock")
+        dirs = [path, path]
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COUNTER), str(dirs[i % 2] / "c.lock"),
+                               str(dirs[i % 2] / "count"), which], env={**env, "SHAREDFS_NODE_ID": f"node{i % 2}"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(COUNTER_PROCESSES)]
+    done = [p.communicate(timeout=300) for p in procs]
     if any(p.returncode for p in procs):
-        return Outcome(True, next(e for e in errors if e).strip().splitlines()[-1])
-    value = int((path / "count").read_text())
-    return Outcome(value != 80, f"counter {value}/80 ({80 - value} updates lost)")
+        error = next(err for p, (_, err) in zip(procs, done) if p.returncode).strip().splitlines()[-1]
+        return Outcome(True, error, cause=f"a holder crashed: {error[:120]}")
+    holds = Holds.of([tuple(h) for out, _ in done for h in json.loads(out.strip().splitlines()[-1])])
+    if sim.real:  # node 0's cache may still show an older counter than the last holder wrote
+        from sharedfs.testing.realfs import LAG_S
+
+        time.sleep(LAG_S + 0.5)
+    value = int((dirs[0] / "count").read_text())
+    return Outcome(value != COUNTER_HOLDS, f"counter {value}/{COUNTER_HOLDS} ({COUNTER_HOLDS - value} updates lost); "
+                                           f"{holds.text()}", cause=holds.cause(sim.fs))
 
 
 def node_local_flock(sim: Sim) -> tuple[Outcome, Outcome]:
@@ -290,12 +399,24 @@ def makedirs_race(sim: Sim) -> tuple[Outcome, Outcome]:
     """
     from sharedfs.testing import scenario_makedirs
 
-    path, env = sim.shared_dir("lagging", lag_ms=3000)
+    mounts: list[Path] | None = None
+    if sim.real:  # each node's ranks go through that node's own client mount
+        mounts = sim.node_dirs()
+        path, env = mounts[0], dict(sim.base_env)
+    else:
+        path, env = sim.shared_dir("lagging", lag_ms=3000)
     outcomes = []
     for run, extra in (("run-without", {"SHAREDFS_DISABLE": "1"}), ("run-with", {})):
-        results = scenario_makedirs.run_ranks(path, run, {**env, **extra})
-        failed = any(ok < len(results) for ok, _ in scenario_makedirs.tally(results).values())
-        outcomes.append(Outcome(failed, scenario_makedirs.evidence(results)))
+        results = scenario_makedirs.run_ranks(path, run, {**env, **extra}, mounts=mounts)
+        tally = scenario_makedirs.tally(results)
+        failures = sum(len(results) - ok for ok, _ in tally.values())
+        steps = len(results) * len(tally)
+        first = next((failure for _, failure in tally.values() if failure), "")
+        if failures:
+            cause = f"{failures} of {steps} rank-steps failed; the first: {first[:120]}"
+        else:  # what a real FUSE client here does: EEXIST is not followed by "not a directory"
+            cause = f"not reproduced on {sim.fs}: its client does not show it (0 of {steps} rank-steps failed)"
+        outcomes.append(Outcome(failures > 0, scenario_makedirs.evidence(results), cause=cause))
     return outcomes[0], outcomes[1]
 
 
@@ -573,16 +694,29 @@ def triton_cache(sim: Sim) -> tuple[Outcome, Outcome]:
     """
     from sharedfs.testing import scenario_triton
 
-    path, env = sim.shared_dir("lagging", lag_ms=2000)
+    if sim.real:
+        mounts = sim.node_dirs()
+        path, env = mounts[0], dict(sim.base_env)
+    else:
+        path, env = sim.shared_dir("lagging", lag_ms=2000)
+        mounts = [path] * 3
     outcomes = []
     for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
-        reports = scenario_triton.run(path / f"cache-{label}", {"n0": 3, "n1": 3, "n2": 3}, {**env, **extra})
+        node_dirs = {f"n{i}": str(mounts[i] / f"cache-{label}") for i in range(3)}
+        reports = scenario_triton.run(path / f"cache-{label}", {"n0": 3, "n1": 3, "n2": 3}, {**env, **extra},
+                                      node_dirs=node_dirs)
         failed = scenario_triton.failed(reports)
         evidence = f"{len(reports) - failed}/{len(reports)} processes compiled or loaded all 6 kernels"
         errors = scenario_triton.first_errors(reports)
         if errors:
-            evidence += "; " + errors[0].split(": ", 1)[1].replace(str(path), "...")
-        outcomes.append(Outcome(failed > 0, evidence))
+            first = errors[0].split(": ", 1)[1]
+            for mnt in {*mounts, path}:
+                first = first.replace(str(mnt), "...")
+            evidence += "; " + first
+            cause = f"{failed} of {len(reports)} processes failed; the first: {first[:120]}"
+        else:
+            cause = f"not reproduced on {sim.fs}: 0 of {len(reports)} processes failed" if sim.real else ""
+        outcomes.append(Outcome(failed > 0, evidence, cause=cause))
     return outcomes[0], outcomes[1]
 
 
@@ -788,6 +922,27 @@ class Scenario:
     #: The installed release of its framework fixed this failure itself ("torch 2.14"): without sharedfs it
     #: succeeds, and the demo says so instead of counting it as not fixed.
     upstream_fix: str = ""
+    #: Per real filesystem: the volume this cross-node scenario runs on there, or why it does not run there
+    #: (``{fs}`` is replaced by the filesystem's name); a kind missing here does not run there either.
+    real: Mapping[str, OnRealFS | str] = field(default_factory=dict)
+
+    def on(self, fs: str) -> OnRealFS | str:
+        """How this scenario runs on the real filesystem ``fs``, or one line saying why it does not."""
+        plan = self.real.get(fs, NOT_CROSS_NODE)
+        return plan.format(fs=fs) if isinstance(plan, str) else plan
+
+
+#: Why a scenario that does not claim a behaviour of one node's view of another does not run on a real one.
+NOT_CROSS_NODE = "not a cross-node filesystem behaviour: it runs on this machine's own disk"
+#: The lock failures no real filesystem here has: their flock works.
+ENOSYS_ONLY = "its failure is a flock that answers ENOSYS (Lustre without -o flock); flock works on {fs}"
+ENOLCK_ONLY = "its failure is a flock that answers ENOLCK (NFS without lockd); flock works on {fs}"
+SAME_EVERYWHERE = "its failure is {what}, the same on every filesystem (it runs on this machine's own disk)"
+FLOCK_ACROSS = "its failure is a flock that excludes one node only; {fs}'s flock excludes across client mounts"
+
+
+def _on_every_real(plan: OnRealFS | str) -> dict[str, OnRealFS | str]:
+    return dict.fromkeys(("juicefs", "moosefs", "glusterfs"), plan)
 
 
 def _torch_scenarios() -> tuple[Scenario, ...]:
@@ -801,7 +956,8 @@ def _torch_scenarios() -> tuple[Scenario, ...]:
 
     killed = Scenario("torch C++ extension build killed half-way", "pytorch#189245", torch_extension,
                       needs=("torch",), story="A cpp_extension.load() (how DeepSpeed builds its ops) is SIGKILLed "
-                                              "mid-compile; the rerun must load the extension.")
+                                              "mid-compile; the rerun must load the extension.",
+                      real=_on_every_real(SAME_EVERYWHERE.format(what="the lock file a killed builder left")))
     if not builds_under_filelock():
         return (killed,)
     enosys = {
@@ -817,56 +973,77 @@ def _torch_scenarios() -> tuple[Scenario, ...]:
                                      "with the killed builder."),
         Scenario("torch C++ extension build on NFS without lockd (ENOLCK)", "pytorch#189245", torch_extension_enolck,
                  needs=("torch",), story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which NFS without lockd "
-                                         "refuses with ENOLCK: every load() fails, the first build included."),
+                                         "refuses with ENOLCK: every load() fails, the first build included.",
+                 real=_on_every_real(ENOLCK_ONLY)),
         Scenario("torch C++ extension build on Lustre without -o flock (ENOSYS)", "pytorch#189245",
                  torch_extension_enosys, needs=("torch",),
                  story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which this Lustre answers with ENOSYS: "
-                       + enosys),
+                       + enosys, real=_on_every_real(ENOSYS_ONLY)),
         Scenario("torch C++ extensions built by two nodes at once (GPFS, localflock)", "pytorch#189245",
                  torch_extension_two_nodes, True, needs=("torch",),
                  story=f"{UPSTREAM_FIX}+ builds under filelock's flock, which excludes processes of one node only: "
-                       "node b loads the extension while node a builds it."),
+                       "node b loads the extension while node a builds it.",
+                 real={"juicefs": FLOCK_ACROSS, "glusterfs": FLOCK_ACROSS,
+                       "moosefs": "not wired to client mounts yet: its two builders share one path, and MooseFS "
+                                  "with node-local locks has the behaviour (a gap, not a result)"}),
     )
 
 
 SCENARIOS = (
     Scenario("datasets, Lustre without -o flock (ENOSYS)", "datasets#6395", datasets_enosys, needs=("datasets",),
              story=f"Hugging Face datasets with {OLD_FILELOCK} (cluster images often pin one before 3.24) on a "
-                   "filesystem whose flock answers ENOSYS."),
+                   "filesystem whose flock answers ENOSYS.", real=_on_every_real(ENOSYS_ONLY)),
     Scenario("datasets, NFS without lockd (ENOLCK)", "datasets#1672", datasets_enolck, needs=("datasets",),
-             story="datasets on an NFS mount whose lock daemon is not running: every lock call answers ENOLCK."),
+             story="datasets on an NFS mount whose lock daemon is not running: every lock call answers ENOLCK.",
+             real=_on_every_real(ENOLCK_ONLY)),
     Scenario("flock that excludes one node only (GPFS, localflock)", "filelock#389", node_local_flock, True,
              story="8 processes on 2 nodes increment one counter under filelock.FileLock; flock succeeds but "
-                   "excludes only processes on the same node."),
+                   "excludes only processes on the same node.",
+             # Run on every real one, whatever its flock does: the cause printed is the one the run shows.
+             real={"juicefs": OnRealFS(), "glusterfs": OnRealFS(),
+                   "moosefs": OnRealFS(node_local_locks=True)}),
     Scenario("6 ranks makedirs on a lagging filesystem", "lingua#49, pytorch#92553", makedirs_race, True,
              needs=("torch",),
              story="6 ranks on 3 nodes run lingua's CheckpointManager and maybe_run_profiler (os.makedirs, "
-                   "exist_ok=True) and torch DCP's save (Path.mkdir) unchanged while the metadata cache lags 3 s."),
+                   "exist_ok=True) and torch DCP's save (Path.mkdir) unchanged while the metadata cache lags 3 s.",
+             real=_on_every_real(OnRealFS())),
     Scenario("rank 0 made a dir, other node waits 10 s (OLMo-core)", "OLMo#829", visibility_timeout, True,
              story="4 ranks on 2 nodes save a checkpoint with OLMo-core 3.0.0's save_state_dict, unchanged, while "
-                   "the other node's metadata cache hides the new directory for 13 s; OLMo-core waits a fixed 10 s."),
+                   "the other node's metadata cache hides the new directory for 13 s; OLMo-core waits a fixed 10 s.",
+             real=_on_every_real("its failure needs a metadata cache that lags longer than OLMo-core's 10 s wait; "
+                                 "{fs}'s lagging client caches lag 3 s")),
     Scenario("lock of a killed job on another node", "srt-slurm#251, modelscope#1778", stale_lock,
-             story="A job on node A is killed while it holds an existence lock; the rerun on node B wants it."),
+             story="A job on node A is killed while it holds an existence lock; the rerun on node B wants it.",
+             real=_on_every_real(SAME_EVERYWHERE.format(what="an existence lock whose holder is on another host "
+                                                             "(its own namespaces)"))),
     Scenario("a live lock is never broken", "docs/troubleshooting.md", live_lock,
              story=f"Two containers with one host name but separate PID namespaces (one pod; or nodes whose "
                    f"containers share a name), {OLD_FILELOCK}: A holds an existence lock and works on, B wants it "
-                   "and must wait, never break it."),
+                   "and must wait, never break it.",
+             real=_on_every_real(SAME_EVERYWHERE.format(what="a holder's pid read in another PID namespace"))),
     Scenario("wids cache on storage without flock (ENOLCK)", "webdataset#386", wids_flockless,
              needs=("wids", "torch"),
-             story="2 wids readers on 2 nodes share a cache directory on NFS without lockd."),
+             story="2 wids readers on 2 nodes share a cache directory on NFS without lockd.",
+             real=_on_every_real(ENOLCK_ONLY)),
     Scenario("8 webdataset readers share one cache_dir", "webdataset#386", webdataset_duplicates,
              needs=("webdataset",),
-             story="8 webdataset readers on 2 nodes share one cache_dir on network storage."),
+             story="8 webdataset readers on 2 nodes share one cache_dir on network storage.",
+             real=_on_every_real("webdataset takes no lock at all, so its duplicate downloads do not depend on "
+                                 "the filesystem (the hostilefs run shows them)")),
     Scenario("Dataset from a node-local cache sent to another node", "LlamaFactory#3065, ms-swift#3667",
              broadcast_trap, needs=("datasets",),
-             story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B."),
+             story="Node A prepares a dataset in its node-local cache and broadcasts it pickled to node B.",
+             real=_on_every_real("its failure is node-local storage (a private tmpfs per node), not the shared "
+                                 "filesystem")),
     Scenario("9 processes fill one Triton kernel cache", "triton#2688, prime-rl PR #2305", triton_cache, True,
              needs=("triton",),
              story="9 processes on 3 nodes put and read the same 6 kernels through triton.runtime.cache's own "
-                   "get_cache_manager, as triton.compiler.compile does, while the metadata cache lags 2 s."),
+                   "get_cache_manager, as triton.compiler.compile does, while the metadata cache lags 2 s.",
+             real=_on_every_real(OnRealFS())),
     *_torch_scenarios(),
     Scenario("two users of a team HF_HOME load remote code (transformers)", "diffusers#1517", team_modules,
              needs=("transformers",),
              story="Two real users of a lab's HF_HOME (2775, its group; umask 022) load remote-code models with "
-                   "AutoConfig.from_pretrained(repo, trust_remote_code=True): alice acc/a, then bob acc/b."),
+                   "AutoConfig.from_pretrained(repo, trust_remote_code=True): alice acc/a, then bob acc/b.",
+             real=_on_every_real(SAME_EVERYWHERE.format(what="a team directory's modes"))),
 )
