@@ -22,7 +22,7 @@ from types import ModuleType
 
 from sharedfs.cluster import teamfiles
 from sharedfs.modulecache import verify
-from sharedfs.modulecache.fill import ShutilView, fill_once
+from sharedfs.modulecache.fill import PACKAGES, ShutilView, fill_once
 from sharedfs.types import Policy, Shim, ShimContext, hookimpl
 
 
@@ -40,7 +40,7 @@ class DiffusersShim(Shim):
 
         self.patcher.setattr(module, "get_cached_module_file", fill_once(module.get_cached_module_file, check))
         self.patcher.setattr(module, "shutil", ShutilView(policy, module.shutil))
-        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=True)
+        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=PACKAGES)
 
 
 @hookimpl

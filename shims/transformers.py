@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from sharedfs.cluster import teamfiles
 from sharedfs.modulecache import verify
-from sharedfs.modulecache.fill import ShutilView, fill_once, hashing
+from sharedfs.modulecache.fill import PACKAGES, ShutilView, fill_once, hashing
 from sharedfs.types import Policy, RebindingShim, Shim, ShimContext, hookimpl
 
 
@@ -70,7 +70,7 @@ class TransformersShim(RebindingShim):
         if hasattr(module, "_compute_local_source_files_hash"):
             self.patcher.setattr(module, "_compute_local_source_files_hash",
                                  hashing(module._compute_local_source_files_hash))
-        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=True)
+        teamfiles.watch(module.HF_MODULES_CACHE, policy, self.patcher, code=PACKAGES)
 
 
 @hookimpl

@@ -43,11 +43,14 @@ cache root is *given* to the group afterwards:
   (``/proc/self/fd``) must still lie under the root; then it gets the team's group
   and the group's bits: files ``g+rw`` (``g+x`` where the owner has ``x``),
   directories ``g+rwx`` and setgid.  Bits for others are never added.
-  Under a **code root** (a module cache: ``watch(..., code=True)``), what the group gets is
-  read, never write: files ``g+r`` (``g+x`` where the owner has ``x``) with the group's and
-  others' write bits taken away, directories ``g+rwx``, setgid and *sticky*, so that members
-  add their own modules beside yours but nobody but an entry's owner changes, renames or
-  removes it: a module file is code every member's process may import.
+  Under a **code root** (a module cache: ``watch(..., code=<its packages>)``), what the group
+  gets is read, never write: files ``g+r`` (``g+x`` where the owner has ``x``) with the
+  group's and others' write bits taken away, directories ``g+rwx``, setgid and *sticky*, so
+  that members add their own modules beside yours but nobody but an entry's owner changes,
+  renames or removes it: a module file is code every member's process may import.  The root
+  itself is on those processes' ``sys.path``: a name a member added there would be imported
+  as a top-level module (an optional dependency probed with ``import``), so it is the group's
+  to read only, and the packages the frameworks keep there are made first, for every member.
 
 Which roots: the real path of a root is found with :func:`sharedfs.fs.trustedpath.resolve`;
 a root reached through a symlink that someone other than the user or root may have planted
@@ -113,11 +116,14 @@ def default_acl_group(directory: str) -> int | None:
 CODE_WRITERS = stat.S_IWGRP | stat.S_IWOTH
 
 
-def group_mode(mode: int, is_dir: bool, code: bool = False) -> int:
+def group_mode(mode: int, is_dir: bool, code: bool = False, top: bool = False) -> int:
     """``mode`` with the group's bits of a team cache added: dirs g+rwx and setgid, files g+rw (g+x if u+x).
 
-    ``code`` (a module cache): files g+r and never group- or world-writable, dirs also sticky.
+    ``code`` (a module cache): files g+r and never group- or world-writable, dirs also sticky;
+    its ``top`` directory (on ``sys.path``) g+rx and setgid, never group- or world-writable.
     """
+    if is_dir and top:
+        return (mode | stat.S_IRGRP | stat.S_IXGRP | stat.S_ISGID) & ~CODE_WRITERS
     if is_dir:
         return mode | stat.S_IRWXG | stat.S_ISGID | (stat.S_ISVTX if code else 0)
     if code:
@@ -125,7 +131,8 @@ def group_mode(mode: int, is_dir: bool, code: bool = False) -> int:
     return mode | stat.S_IRGRP | stat.S_IWGRP | ((mode & stat.S_IXUSR) >> 3)
 
 
-def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None, code: bool = False) -> bool:
+def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None, code: bool = False,
+            top: bool = False) -> bool:
     """Give the file or directory open as ``fd`` (the caller's own) the team's group and bits.
 
     True when something changed.  Never raises: an entry that cannot be changed stays as it
@@ -138,7 +145,7 @@ def give_fd(fd: int, team: TeamCache, st: os.stat_result | None = None, code: bo
             os.fchown(fd, -1, team.gid)  # a member may give her own file to her group
             changed = True
         mode = stat.S_IMODE(st.st_mode)
-        want = group_mode(mode, stat.S_ISDIR(st.st_mode), code)
+        want = group_mode(mode, stat.S_ISDIR(st.st_mode), code, top)
         if want != mode or (changed and not stat.S_ISDIR(st.st_mode)):
             os.fchmod(fd, want)
             changed = True
@@ -201,8 +208,8 @@ class _Roots(MutableMapping[str, "TeamCache"]):
 
 
 WATCHED = _Roots()
-#: The watched roots (real paths) that hold code others import (module caches): see the module doc.
-CODE_ROOTS: dict[str, bool] = {}
+#: The watched roots (real paths) that hold code others import (module caches) -> the packages made in them.
+CODE_ROOTS: dict[str, tuple[str, ...]] = {}
 _answers: dict[str, bool] = {}  # absolute root -> whether it is a team cache (asked once per process)
 _watch_lock = threading.Lock()
 
@@ -254,13 +261,15 @@ def is_code_root(real_root: str) -> bool:
     return real_root in CODE_ROOTS
 
 
-def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None, *, code: bool = False) -> TeamCache | None:
+def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None, *,
+          code: tuple[str, ...] = ()) -> TeamCache | None:
     """Give the group what this process creates under ``root`` (a framework's cache), if it is a team cache.
 
     Asks the plugins once per root; a team cache's root is given to the group at once (if
     this user made it) and watched from now on.  ``patcher`` (a shim's) makes ``unpatch``
     stop watching it.  ``code``: the root is a module cache, whose files the group may read,
-    never write (see the module doc).  Returns the team, or ``None`` for a private cache.
+    never write, and these are the packages kept in it (see the module doc).  Returns the team,
+    or ``None`` for a private cache.
     """
     absolute = os.path.abspath(os.fspath(root))
     if _answers.get(absolute) is False:
@@ -292,11 +301,12 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None, *, 
                  f"{group_name(team.gid)}'s ({team.reason})")
     elif absolute != real and absolute not in WATCHED._spellings:
         WATCHED.spell(absolute, real)
-    if code and real not in CODE_ROOTS:
+    if code and not set(code) <= set(CODE_ROOTS.get(real, ())):
+        packages = tuple(sorted({*CODE_ROOTS.get(real, ()), *code}))
         if patcher is not None:
-            patcher.setitem(CODE_ROOTS, real, True)
+            patcher.setitem(CODE_ROOTS, real, packages)
         else:
-            CODE_ROOTS[real] = True
+            CODE_ROOTS[real] = packages
     give(absolute)
     return team
 
@@ -471,8 +481,10 @@ def give(path: str | os.PathLike[str]) -> bool:
                 return False
             if not stat.S_ISDIR(st.st_mode) and not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
                 return False
-            code = real_root in CODE_ROOTS
-            if want_unchanged(st, team, code):
+            packages = CODE_ROOTS.get(real_root)
+            code = packages is not None
+            top = code and stat.S_ISDIR(st.st_mode) and real_root in (spelled, WATCHED._spellings.get(spelled))
+            if want_unchanged(st, team, code, top) and not top:
                 return False
             try:
                 real = os.readlink(f"/proc/self/fd/{fd}")
@@ -480,17 +492,33 @@ def give(path: str | os.PathLike[str]) -> bool:
                 return False  # cannot prove where it is: leave it
             if real != real_root and not real.startswith(real_root + os.sep):
                 return False
-            return give_fd(fd, team, st, code)
+            top = code and stat.S_ISDIR(st.st_mode) and real == real_root
+            if top and packages:
+                _make_packages(fd, spelled, packages)  # each time: another framework's process may come first
+            return give_fd(fd, team, st, code, top)
         finally:
             os.close(fd)
     finally:
         _quiet.on = False
 
 
-def want_unchanged(st: os.stat_result, team: TeamCache, code: bool = False) -> bool:
+def want_unchanged(st: os.stat_result, team: TeamCache, code: bool = False, top: bool = False) -> bool:
     """Whether the entry ``st`` already has the team's group and bits."""
     mode = stat.S_IMODE(st.st_mode)
-    return st.st_gid == team.gid and group_mode(mode, stat.S_ISDIR(st.st_mode), code) == mode
+    return st.st_gid == team.gid and group_mode(mode, stat.S_ISDIR(st.st_mode), code, top) == mode
+
+
+def _make_packages(fd: int, spelled: str, packages: tuple[str, ...]) -> None:
+    """Make the frameworks' package directories in a code root (open as ``fd``) before the group loses
+    write access to it: a member whose framework comes second then adds to hers (diffusers#1517)."""
+    for name in packages:
+        try:
+            os.mkdir(name, 0o777, dir_fd=fd)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        give(os.path.join(spelled, name))
 
 
 def give_tree(top: str | os.PathLike[str], limit: int = 100_000) -> int:

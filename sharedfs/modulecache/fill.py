@@ -74,8 +74,11 @@ from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
 from sharedfs.locks import lock
 from sharedfs.model.policy import Policy
 
-__all__ = ["LOCK_NAME", "SourceChanged", "ShutilView", "fill_once", "hashing", "publish_copy"]
+__all__ = ["LOCK_NAME", "PACKAGES", "SourceChanged", "ShutilView", "fill_once", "hashing", "publish_copy"]
 
+#: The packages transformers and diffusers keep in ``HF_MODULES_CACHE``: made together in a team's cache, whose
+#: root the group may then only read (:mod:`sharedfs.cluster.teamfiles`, a code root).
+PACKAGES = ("diffusers_modules", "transformers_modules")
 #: The lock file a fill takes in the directory it copies into.
 LOCK_NAME = ".sharedfs-fill.lock"
 #: Module files larger than this are never compared byte for byte: they are published again.

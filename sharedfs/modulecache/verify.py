@@ -9,12 +9,15 @@ member changed by hand would still let one member's code run in another member's
 before the framework imports (at the end of its ``get_cached_module_file``) every entry the
 import will execute is checked, through descriptors and never following a symlink:
 
-* each directory from the cache root down to the module: group- or world-writable only if sticky;
+* the cache root, which is on ``sys.path`` (a name added there is a top-level module): writable by
+  its owner only;
+* each directory from there down to the module: group- or world-writable only if sticky;
 * each file: the module, what it imports relatively (found with the framework's own
   ``get_relative_imports``, read only once the file passed), each package's ``__init__.py`` on the
-  way and, where present, the bytecode Python would load instead of each (``__pycache__/*.pyc``):
-  a regular file with one link, not writable by group or others; bytecode written by someone
-  other than its source's owner (the importer or root) is refused too.
+  way (empty, as the frameworks make it) and, where present, the bytecode Python would load
+  instead of each (``__pycache__/*.pyc``): a regular file with one link, not writable by group or
+  others; bytecode written by someone other than its source's owner (the importer or root) is
+  refused too.
 
 An entry of this user's that fails is repaired (its write bits for others taken away, a directory
 made sticky); anyone else's fails the load with :class:`UnsafeModuleError`, one line naming the
@@ -94,6 +97,20 @@ def _check_dir(fd: int, path: str) -> None:
                   f"its owner runs `chmod +t '{path}'`")
 
 
+def _check_root(fd: int, path: str) -> None:
+    """The cache root is on ``sys.path``: a name a member adds there is imported as a top-level module."""
+    st = os.fstat(fd)
+    if not stat.S_IMODE(st.st_mode) & teamfiles.CODE_WRITERS:
+        return
+    if st.st_uid == os.geteuid():
+        teamfiles.give(path)  # makes the frameworks' packages first, then takes the group's write away
+        st = os.fstat(fd)
+        if not stat.S_IMODE(st.st_mode) & teamfiles.CODE_WRITERS:
+            return
+    raise _refuse("from", path, st, "others may add modules to it, and every process that loads remote code "
+                  "imports from it", f"its owner runs `chmod g-w,o-w '{path}'`")
+
+
 def _check_file(dir_fd: int, dir_path: str, name: str, *, source_owner: int | None = None) -> os.stat_result | None:
     """Check one code file in ``dir_fd``; its stat, or ``None`` when it does not exist."""
     path = os.path.join(dir_path, name)
@@ -141,11 +158,18 @@ def _check_bytecode(dir_fd: int, dir_path: str, name: str, source: os.stat_resul
         os.close(fd)
 
 
-def _check_code(dir_fd: int, dir_path: str, name: str) -> bool:
-    """Check a source file and its bytecode; whether the source exists."""
+def _check_code(dir_fd: int, dir_path: str, name: str, *, empty: bool = False) -> bool:
+    """Check a source file and its bytecode; whether the source exists.
+
+    ``empty``: a package's ``__init__.py`` on the way, which both frameworks only ever create empty
+    (``touch``) and which every member's import through that package runs.
+    """
     st = _check_file(dir_fd, dir_path, name)
     if st is None:
         return False
+    if empty and st.st_size:
+        raise _refuse("the package file", os.path.join(dir_path, name), st, "the framework creates it empty and "
+                      "it is not", f"{_owner(st.st_uid)} empties or removes it")
     _check_bytecode(dir_fd, dir_path, name, st)
     return True
 
@@ -164,13 +188,13 @@ def check_import(modules_cache: str, module_path: str, relative_imports: Callabl
     parts = PurePath(os.path.normpath(module_path)).parts
     fds = [os.open(root, _DIR)]
     try:
-        _check_dir(fds[0], root)
+        _check_root(fds[0], root)
         path = root
         for part in parts[:-1]:  # every package on the way: its directory and its __init__.py
             fds.append(os.open(part, _DIR, dir_fd=fds[-1]))
             path = os.path.join(path, part)
             _check_dir(fds[-1], path)
-            _check_code(fds[-1], path, "__init__.py")
+            _check_code(fds[-1], path, "__init__.py", empty=True)
         _check_relatives(fds[-1], path, parts[-1], relative_imports)
     finally:
         for fd in fds:

@@ -22,6 +22,12 @@ and put first on ``PYTHONPATH``: the attack succeeds) and with this checkout (it
    The group may still add to a sticky folder, so the check before the import refuses bytecode written
    by someone other than its source's owner: alice's load fails with one line naming it.
 
+4. **A top-level module on alice's ``sys.path``.**  transformers appends ``HF_MODULES_CACHE`` to
+   ``sys.path``; sharedfs made it ``2775``, so bob could add ``sfs_optional_accel.py`` there and alice's
+   process imported it when a library probed that optional dependency.  Now the root is the group's to
+   read only; the packages both frameworks keep there are made first, so a member whose framework comes
+   second still adds her modules (checked too).
+
 And, with one user: **a folder named for one revision holding the next** (item 6).  transformers names
 a local model's folder by a hash of its source files; a rank that hashed v1 and then waited for the fill
 lock while the files changed to v2 copied v2 into the v1 folder, and every later load of v1 ran v2.
@@ -300,6 +306,70 @@ def test_member_plants_bytecode_for_a_published_module_before_and_refused_now(si
         assert r["bob"] == "planted" and not r["ran"], results["fixed"]
         assert str(r["alice"]).startswith("UnsafeModuleError: sharedfs: refusing to import the bytecode file "), r
         assert "helpers.cpython-" in str(r["alice"]) and f"{bob_name} removes it" in str(r["alice"]), r
+
+
+# -- 4. a top-level module planted on alice's sys.path ------------------------------------------------------
+
+#: alice's job: a remote-code model, then (as libraries do) an optional accelerator probed with `import`.
+LOAD_THEN_PROBE = LOAD + """
+try:
+    import sfs_optional_accel  # noqa: F401
+except ImportError:
+    pass
+"""
+
+PLANT_TOP = textwrap.dedent("""
+    import os, sys
+    try:
+        with open(os.path.join(sys.argv[1], "sfs_optional_accel.py"), "w") as f:
+            f.write(sys.argv[2])
+        print("planted")
+    except OSError as exc:
+        print(f"refused: {exc.strerror}")
+""")
+
+
+def planted_top_level(site: Site, variant: str, run: int) -> dict[str, object]:
+    home = site.lab(f"top-{variant}-{run}")
+    env = site.env(variant, home)
+    first, _ = load(site, env)
+    assert first == "ok 19", first
+    bob = as_user(site.bob, [sys.executable, "-I", "-S", "-c", PLANT_TOP, str(home / "modules"), INJECTED], env)
+    assert bob.returncode == 0, bob.stderr[-2000:]
+    proc = as_user(site.alice, [sys.executable, "-c", LOAD_THEN_PROBE, "acc/a"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"bob": bob.stdout.strip(), "ran": ran_as_alice(site, proc.stderr)}
+
+
+def test_member_plants_a_top_level_module_in_the_cache_root_before_and_never_now(site: Site) -> None:
+    results = {variant: [planted_top_level(site, variant, run) for run in range(1 if variant == "stock" else RUNS)]
+               for variant in VARIANTS}
+    print(json.dumps(results))
+    # HF_MODULES_CACHE is on every loading process's sys.path: stock, it is alice's 2755.
+    assert all(r["bob"].startswith("refused") and not r["ran"] for r in results["stock"]), results["stock"]
+    assert all(r["bob"] == "planted" and r["ran"] for r in results["before"]), results["before"]
+    assert all(r["bob"].startswith("refused") and not r["ran"] for r in results["fixed"]), results["fixed"]
+
+
+def test_a_member_whose_framework_comes_second_still_adds_her_modules(site: Site) -> None:
+    """alice fills the cache with transformers only; bob's first diffusers pipeline still loads (diffusers#1517):
+    the root the group may not write holds diffusers' package already."""
+    source = site.root / "bob-pipeline"
+    source.mkdir(mode=0o755)
+    (source / "pipeline_bob.py").write_text('class BobPipeline:\n    KIND = "bob"\n')
+    (source / "pipeline_bob.py").chmod(0o644)
+    load_bob = ("from diffusers.utils import get_class_from_dynamic_module as g\n"
+                f"print(g({str(source)!r}, 'pipeline_bob.py', class_name='BobPipeline', trust_remote_code=True).KIND)")
+    outcomes = {}
+    for variant in ("stock", "fixed"):
+        home = site.lab(f"second-framework-{variant}")
+        env = site.env(variant, home)
+        first, _ = load(site, env)
+        assert first == "ok 19", first
+        proc = as_user(site.bob, [sys.executable, "-c", load_bob], env)
+        outcomes[variant] = proc.stdout.strip() if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1]
+    assert outcomes["stock"].startswith("PermissionError: [Errno 13] Permission denied"), outcomes
+    assert outcomes["fixed"] == "bob", outcomes
 
 
 # -- item 6: a folder named for one revision holding the next ----------------------------------------------------

@@ -127,7 +127,10 @@ def test_second_member_of_a_team_hf_home_fails_stock_and_loads_with_sharedfs() -
         shared, modules = run("sharedfs", None)
         assert shared == [{"acc/a": "ok 19"}, {"acc/b": "ok 19", "acc/a": "ok 19"}, {"acc/b": "ok 19"}]
         keeping_out = []
-        for path in (modules, *modules.rglob("*")):
+        # modules/ itself is on sys.path: the group reads it but adds nothing there (the frameworks' packages are made)
+        root = modules.lstat()
+        assert root.st_gid == alice.group and root.st_mode & 0o2750 == 0o2750 and not root.st_mode & 0o022, oct(root.st_mode)
+        for path in modules.rglob("*"):
             st = path.lstat()
             # members add to every directory, but only an entry's owner changes it: code is read-only to others
             need = stat.S_IRWXG | stat.S_ISGID | stat.S_ISVTX if path.is_dir() else stat.S_IRGRP
