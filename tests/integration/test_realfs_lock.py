@@ -104,10 +104,14 @@ def old_sharedfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def show(kind: str, label: str, rounds: list[Round]) -> str:
-    crashes = sum(len(r.crashes) for r in rounds)
-    line = (f"{kind} {label}: {len(rounds)} rounds of 2 nodes x {PER_NODE} processes x {ITERATIONS}: {crashes} of "
-            f"{len(rounds) * 2 * PER_NODE} processes crashed, {sum(r.lost for r in rounds)} of "
-            f"{sum(r.expected for r in rounds)} updates lost, {sum(r.overlaps for r in rounds)} overlapping holds, "
+    """One line of figures; updates lost are counted over the rounds nobody crashed in (a crashed process's
+    increments are unknown), and each distinct crash is named."""
+    crashes = [c for r in rounds for c in r.crashes]
+    whole = [r for r in rounds if not r.crashes]
+    line = (f"{kind} {label}: {len(rounds)} rounds of 2 nodes x {PER_NODE} processes x {ITERATIONS}: "
+            f"{len(crashes)} of {len(rounds) * 2 * PER_NODE} processes crashed {sorted(set(crashes))}; "
+            f"{sum(r.lost for r in whole)} of {sum(r.expected for r in whole)} updates lost in the {len(whole)} "
+            f"rounds without a crash; {sum(r.overlaps for r in rounds)} overlapping holds; "
             f"kinds {sorted(set().union(*(r.kinds for r in rounds)))}")
     print(line)
     return line
