@@ -101,6 +101,8 @@ class Result:
 
     @property
     def verdict(self) -> str:
+        if self.not_run:
+            return f"not run on {self.fs}"
         if self.skipped:
             return "skipped"
         if self.fixed:
@@ -141,6 +143,7 @@ class Progress:
 
     def end(self, index: int, result: Result) -> None:
         extra = f": {result.skipped}" if result.skipped else (f": {result.error}" if result.error else "")
+        extra = extra.replace(f": not run on {result.fs}:", ":", 1)  # the verdict says it already
         with self._lock:
             self._current = None
             self._clear()
@@ -272,7 +275,8 @@ def summary(results: list[Result]) -> str:
 
 
 def render(results: list[Result], mode: str) -> str:
-    lines = [f"\nsimulated with: {mode}\n"]
+    real = bool(results) and results[0].fs != "hostilefs"
+    lines = [f"\n{'ran on' if real else 'simulated with'}: {mode}\n"]
     for r in results:
         lines.append(f"{r.name}  [{r.field_report}]" + (f"  on {r.fs}" if r.fs != "hostilefs" else ""))
         if r.not_run:
@@ -330,7 +334,8 @@ def render_html(results: list[Result], mode: str, doctor: list[tuple[str, list[s
     rows = []
     for r in results:
         if r.skipped or r.error:
-            detail = esc(r.skipped or r.error or "") + (f"<br><code>{esc(r.install)}</code>" if r.install else "")
+            why = (r.skipped or r.error or "").replace(f"not run on {r.fs}: ", "", 1)
+            detail = esc(why) + (f"<br><code>{esc(r.install)}</code>" if r.install else "")
             rows.append(f"<tr class='skip'><td><b>{esc(r.name)}</b><br><small>{esc(r.story)} "
                         f"[{_link(r.field_report)}]</small></td><td colspan='2'>{r.verdict}: {detail}</td></tr>")
             continue
@@ -389,7 +394,8 @@ def render_markdown(results: list[Result], mode: str, doctor: list[tuple[str, li
         what = f"**{cell(r.name)}** ({refs})" + ("" if r.fixed or not r.ran or r.error else f" *{cell(r.verdict)}*")
         if r.skipped or r.error:
             install = f" `{r.install}`" if r.install else ""
-            lines.append(f"| {what} | {r.verdict}: {cell(r.skipped or r.error or '')}{install} | |")
+            why = (r.skipped or r.error or "").replace(f"not run on {r.fs}: ", "", 1)
+            lines.append(f"| {what} | {r.verdict}: {cell(why)}{install} | |")
             continue
         assert r.without and r.with_sharedfs
         what += f" cause (observed): {cell(r.cause)}" if r.cause else ""
