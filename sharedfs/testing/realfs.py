@@ -483,7 +483,9 @@ _gluster: Optional[_GlusterServer] = None
 
 
 def _start_glusterd(parent: Path) -> _GlusterServer:
-    running = _pids_named("glusterd")
+    deadline = time.monotonic() + 30  # a process that died a moment ago: its reaper is stopping its glusterd
+    while (running := _pids_named("glusterd")) and time.monotonic() < deadline:
+        time.sleep(0.5)
     if running:
         raise RealFSUnavailable(f"a glusterd not started by this harness runs here (pid {running[0]}): "
                                 "GlusterFS allows one per machine; stop it first")
