@@ -72,6 +72,16 @@ def test_juicefs_prints_the_cause_its_run_showed_not_node_local_flock() -> None:
     assert counts(scenario["with_sharedfs"]["evidence"]) == (80, 0, 0) and scenario["fixed"]
 
 
+def test_on_hostilefs_the_cause_is_derived_from_the_run_too() -> None:
+    report = json.loads(demo("--only", FLOCK, "--json").stdout)  # --fs hostilefs is the default
+    (scenario,) = report["scenarios"]
+    assert report["fs"] == "hostilefs" and scenario["fs"] == "hostilefs"
+    value, overlapped, _ = counts(scenario["without"]["evidence"])
+    assert scenario["without"]["failed"] and value < 80 and overlapped > 0
+    assert scenario["cause"].startswith(f"node-local flock: two holders at once in {overlapped} of 79 handovers")
+    assert counts(scenario["with_sharedfs"]["evidence"]) == (80, 0, 0) and scenario["fixed"]
+
+
 def test_makedirs_on_a_real_client_is_reported_as_not_reproduced() -> None:
     require_realfs("juicefs")
     scenario = only("juicefs", MAKEDIRS)
