@@ -278,6 +278,10 @@ class Handover:
         # O_NOFOLLOW|O_NONBLOCK: never through a planted link, never blocked on a FIFO.
         fd = os.open(self.last, flags | NOFOLLOW, self.mode, dir_fd=where.fd)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                # A second name may be another file of this user's that someone linked here: never written.
+                raise OSError(errno.EMLINK, "not a record file of its own", where.join(self.last))
             share(fd, self.team)
             if os.pwrite(fd, _record("last", self.tag), 0) != RECORD_SIZE:
                 raise OSError(errno.EIO, "short write")

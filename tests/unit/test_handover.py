@@ -89,3 +89,16 @@ def test_a_holder_lets_go_for_another_nodes_ask_for_a_bounded_time(tmp_path: Pat
     b.ask()
     b.arrive()  # the asker's node takes it: the ask is answered
     assert not (tmp_path / "x.lock.want").exists()
+
+
+def test_a_record_name_linked_to_another_file_is_replaced_and_the_file_left_alone(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    precious = tmp_path / "precious"
+    precious.write_bytes(b"mine")
+    os.link(precious, tmp_path / "x.lock.last")  # someone who may write the directory linked it there
+    rule = _handover_on(lock, "node-a")
+    rule.arrive()  # cannot tell (not a record): waits
+    rule.depart()
+    assert precious.read_bytes() == b"mine"
+    assert os.stat(tmp_path / "x.lock.last").st_ino != precious.stat().st_ino
+    assert _handover._parse((tmp_path / "x.lock.last").read_bytes(), "last") == _handover._tag("node-a")
