@@ -21,7 +21,7 @@ import uuid
 from typing import Callable
 
 from sharedfs.fs import stale
-from sharedfs.fs.directory import Identity, identity
+from sharedfs.fs.directory import Directory, Identity, identity
 from sharedfs.fs.recordfile import create_record, discard_if_same
 from sharedfs.fs.safefile import read_untrusted
 
@@ -95,12 +95,29 @@ def record_beside(path: str, data: bytes) -> str:
     return temp
 
 
-def unlink_quietly(path: str) -> None:
-    """Unlink ``path``, a name of sharedfs's own; one that is gone already is not an error."""
+def unlink_quietly(path: str, *held: Identity) -> None:
+    """Unlink ``path``, a name of sharedfs's own; one that is gone already is not an error.
+
+    Through the descriptor of its directory (``unlinkat``); given ``held``, only while the name
+    still is one of those files (a neighbour's file swapped in stays).
+    """
     try:
-        os.unlink(path)
+        where, name = Directory.containing(path)
     except FileNotFoundError:
-        pass
+        return
+    with where:
+        if not held:
+            try:
+                os.unlink(name, dir_fd=where.fd)
+            except FileNotFoundError:
+                pass
+            return
+        try:
+            now = identity(where.lstat(name))
+        except FileNotFoundError:
+            return
+        if now in held:
+            where.unlink_if_same(name, now)
 
 
 #: ``renameat2(2)`` flags: swap the two names in one step.
@@ -152,6 +169,7 @@ def replace_foreign(path: str, expected: Identity, source: str) -> bool:
     False when ``path`` is not ``expected`` (any more): nothing changed at ``path``.
     """
     swap = f"{path}.{uuid.uuid4().hex}.swap"
+    ours = identity(os.lstat(source))
     try:
         os.link(source, swap)
     except OSError as exc:
@@ -179,5 +197,5 @@ def replace_foreign(path: str, expected: Identity, source: str) -> bool:
         os.rename(swap, path)
         return True
     finally:
-        if not displaced_live:  # never remove a live holder's file
-            unlink_quietly(swap)
+        if not displaced_live:  # never remove a live holder's file: only ours, or the dead one displaced
+            unlink_quietly(swap, ours, expected)

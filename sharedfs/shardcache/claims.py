@@ -12,6 +12,7 @@ rule lives.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import time
@@ -20,11 +21,22 @@ from typing import TYPE_CHECKING
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import WaitTimeout
 from sharedfs.fs import stale
-from sharedfs.fs.directory import Changed, Directory
-from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+from sharedfs.fs.directory import Changed, Directory, Identity
+from sharedfs.fs.recordfile import create_record_in, identity
 from sharedfs.fs.safefile import read_untrusted
 from sharedfs.model.records import HolderRecord
-from sharedfs.shardcache.tree import LAG_BOUND, _current, _tree, _unlink, forget, key, layout, open_part
+from sharedfs.shardcache.tree import (
+    LAG_BOUND,
+    Layout,
+    Swapped,
+    _current,
+    _tree,
+    forget,
+    key,
+    layout,
+    open_cache,
+    open_part,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -53,8 +65,9 @@ def _space_error(exc: OSError, what: str, path: str, cache: str) -> OSError:
                               "writes a few hundred bytes for each shard being read or downloaded)", path)
 
 
-def _create_record(path: str, record: HolderRecord, what: str, cache: str, team: TeamCache | None = None) -> int:
-    """Create ``path`` (O_EXCL, no symlink followed) holding ``record``; returns its open descriptor.
+def _create_record(where: Directory, name: str, record: HolderRecord, what: str, cache: str,
+                   team: TeamCache | None = None) -> int:
+    """Create ``name`` in ``where`` (O_EXCL, no symlink followed) holding ``record``; returns its open descriptor.
 
     A record that cannot be written completely is removed at once: an empty marker would
     otherwise keep its shard for GARBLED_GRACE, and say nothing about why.  In a team
@@ -67,10 +80,10 @@ def _create_record(path: str, record: HolderRecord, what: str, cache: str, team:
             teamfiles.give_fd(fd, team)
 
     try:
-        return create_record(path, record.to_bytes(), RECORD_MODE, prepare=readable_by_all)
+        return create_record_in(where, name, record.to_bytes(), RECORD_MODE, prepare=readable_by_all)
     except OSError as exc:
         if exc.errno in NO_SPACE:
-            raise _space_error(exc, what, path, cache) from exc
+            raise _space_error(exc, what, where.join(name), cache) from exc
         raise
 
 
@@ -109,38 +122,82 @@ def _alive(path: str, policy: Policy, *, now: float | None = None, dir_fd: int |
 
 
 class InUse:
-    """An in-use marker: while it exists, no sharedfs evictor deletes ``dest``."""
+    """An in-use marker: while it exists, no sharedfs evictor deletes ``dest``.
+
+    Created and removed through the descriptor of the tree's ``inuse/`` (entered never through a
+    symlink, and only while it is the tree this process uses), and removed only while its name is
+    still the marker written.  When a member replaced ``inuse/`` (a symlink to another directory,
+    say), no marker is written, and that is said once: every evictor keeps every shard of the cache
+    while it is so (:func:`readers`), and a member could remove a marker from the shared ``inuse/``
+    anyway, so the marker is no protection against her.
+    """
 
     def __init__(self, dest: str, policy: Policy | None = None) -> None:
         self.dest = dest
         self.path = ""
+        self._lay: Layout | None = None
+        self._held: Identity = (-1, -1)
         current = _current(policy)
         record = HolderRecord.mine(current.node_id, "inuse")
         cache_dir = os.path.dirname(os.path.abspath(dest))
         name = f"{key(os.path.basename(dest))}.{_tag()}"
         for attempt in range(2):
-            lay, directory = _tree(cache_dir, "inuse", current)
-            path = os.path.join(directory, name)
             try:
-                stale.close(_create_record(path, record, f"the in-use marker of {dest}", lay.cache, lay.team))
-            except FileNotFoundError:
-                if attempt:
-                    raise
-                forget(cache_dir)  # removed between our look and our create: once more
-                continue
-            self.path = path
-            return
+                lay, inuse = _tree(cache_dir, "inuse", current)
+            except Swapped as why:
+                _unmarked(cache_dir, why)
+                return
+            with inuse:
+                try:
+                    fd = _create_record(inuse, name, record, f"the in-use marker of {dest}", lay.cache, lay.team)
+                except FileNotFoundError:
+                    if attempt:
+                        raise
+                    forget(cache_dir)  # removed between our look and our create: once more
+                    continue
+                self._held = identity(fd)
+                stale.close(fd)
+                self._lay, self.path = lay, inuse.join(name)
+                return
 
     def release(self) -> None:
-        if self.path:
-            _unlink(self.path)
-            self.path = ""
+        if self.path and self._lay is not None:
+            lay, name, self.path = self._lay, os.path.basename(self.path), ""
+            try:
+                with open_part(lay, "inuse", _cache_of(lay)) as inuse:
+                    inuse.unlink_if_same(name, self._held)
+            except OSError:
+                pass  # inuse/ gone or replaced since: the marker cannot be reached, an evictor's sweep removes it
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _cache_of(lay: Layout) -> Directory | None:
+    """The cache directory open by descriptor when the tree is inside it (``None`` for the sibling)."""
+    if not lay.inside:
+        return None
+    try:
+        return open_cache(lay.cache)
+    except Swapped as why:
+        raise Changed(errno.ESTALE, str(why), lay.cache) from None
+
+
+_said_unmarked: set[str] = set()
+
+
+def _unmarked(cache_dir: str, why: Swapped) -> None:
+    if cache_dir in _said_unmarked:
+        return
+    _said_unmarked.add(cache_dir)
+    from sharedfs.machinery.log import decision
+
+    decision(f"shard cache {cache_dir}: in-use markers not written, nothing written there: {why}; someone with "
+             "write access to the cache's coordination tree may have replaced it (eviction keeps every shard "
+             "while it is so): remove it and sharedfs makes it again", level=logging.WARNING, every_rank=True)
 
 
 def readers(dest: str, policy: Policy | None = None) -> list[str]:
@@ -189,16 +246,21 @@ class _Claim:
 
     A group member can rename the claim away or put a symlink in its place meanwhile;
     writing through the descriptor then changes our own (now nameless) file, never theirs.
+    It is removed through the descriptor of the ``claims/`` it was made in, held until then.
     """
 
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
+    def __init__(self, where: Directory, name: str, fd: int) -> None:
+        self.where = where
+        self.name = name
+        self.path = where.join(name)
         self.fd: int | None = fd
 
     @classmethod
-    def take(cls, path: str, record: HolderRecord, cache: str, team: TeamCache | None = None) -> _Claim:
+    def take(cls, claims: Directory, name: str, record: HolderRecord, cache: str,
+             team: TeamCache | None = None) -> _Claim:
         """Raises FileExistsError when someone else claimed it first."""
-        return cls(path, _create_record(path, record, f"the download claim {os.path.basename(path)}", cache, team))
+        fd = _create_record(claims, name, record, f"the download claim {name}", cache, team)
+        return cls(Directory(os.dup(claims.fd), claims.path), name, fd)
 
     def publish(self, record: HolderRecord) -> None:
         assert self.fd is not None
@@ -209,12 +271,14 @@ class _Claim:
         os.fsync(self.fd)  # the claim promises a shard: the promise must not outlive a crash half-written
         os.close(self.fd)
         self.fd = None
+        self.where.close()
 
     def abandon(self) -> None:
         if self.fd is not None:
-            discard_if_same(self.path, identity(self.fd))
+            self.where.discard_if_same(self.name, identity(self.fd))
             stale.close(self.fd)
             self.fd = None
+        self.where.close()
 
 
 def _claim_state(claim: str) -> HolderRecord | None:

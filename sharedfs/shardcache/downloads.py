@@ -12,18 +12,19 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError
-from sharedfs.fs.publish import Publication, Replaced, fsync_dir
+from sharedfs.fs.directory import Directory, Identity, identity
+from sharedfs.fs.publish import Publication, Replaced
 from sharedfs.fs.safefile import NOFOLLOW
-from sharedfs.shardcache.tree import Layout, _current
+from sharedfs.shardcache.tree import _current, _empty
 
 if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy, TeamCache
@@ -39,17 +40,29 @@ class _PrivateDir:
     in a group-writable directory a member could replace the file with a symlink to one of
     ours between our checks and its open.  Here nobody else can create an entry, and the
     path given out goes through our descriptor of the directory, which nobody can swap.
+    It is made and removed through the descriptor of ``tmp/`` (``tmp``, the tree's own,
+    :func:`~sharedfs.shardcache.tree.open_part`), never by a path a member could redirect.
     """
 
-    def __init__(self, tmp_dir: str, shard_key: str) -> None:
-        self.path = tempfile.mkdtemp(prefix=shard_key + ".", dir=tmp_dir)
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
-        st = os.fstat(self.fd)
+    def __init__(self, tmp: Directory, shard_key: str) -> None:
+        self.tmp = tmp
+        self.name = f"{shard_key}.{secrets.token_hex(4)}"
+        self.path = tmp.join(self.name)
+        try:
+            os.mkdir(self.name, 0o700, dir_fd=tmp.fd)
+            self.dir = tmp.subdirectory(self.name)
+        except BaseException:
+            tmp.close()
+            raise
+        st = self.dir.stat()
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            os.close(self.fd)
+            self.dir.close()
+            tmp.close()
             raise UnsafeDirectoryError(f"{self.path} was replaced right after this process created it "
                                        f"(now owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); "
                                        "someone with write access to the cache is interfering")
+        self.fd = self.dir.fd
+        self.made = identity(st)
 
     def file(self, name: str) -> str:
         proc = f"/proc/{os.getpid()}/fd/{self.fd}"
@@ -63,18 +76,32 @@ class _PrivateDir:
             os.close(fd)
 
     def remove(self) -> None:
-        os.close(self.fd)
-        shutil.rmtree(self.path, ignore_errors=True)  # rmtree never follows symlinks
+        try:
+            _remove_private(self.tmp, self.name, self.dir, self.made)
+        finally:
+            self.dir.close()
+            self.tmp.close()
+
+
+def _remove_private(tmp: Directory, name: str, held: Directory, made: Identity) -> None:
+    """Empty the download directory open as ``held`` through its descriptor; remove it while ``name`` still is it."""
+    _empty(held.fd, "download", made[0])
+    if tmp.names(name, made):
+        try:
+            os.rmdir(name, dir_fd=tmp.fd)  # only an empty directory can go
+        except OSError:
+            pass
 
 
 _copied: set[str] = set()
 
 
-def _publish(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
-    """Rename the finished download to ``dest``; across quota realms (EXDEV) copy it in first.
+def _publish(private: _PrivateDir, name: str, dest: str, cache: Directory, team: TeamCache | None = None) -> None:
+    """Rename the finished download into ``cache`` (the cache's verified descriptor) as ``dest``'s name.
 
-    In a team cache the shard is the group's first, through a descriptor in the private
-    directory (nobody else can swap it there): the downloader made it with its umask.
+    Across quota realms (EXDEV) it is copied in first.  In a team cache the shard is the group's
+    first, through a descriptor in the private directory (nobody else can swap it there): the
+    downloader made it with its umask.
     """
     if team is not None:
         fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=private.fd)
@@ -83,14 +110,17 @@ def _publish(private: _PrivateDir, name: str, dest: str, team: TeamCache | None 
         finally:
             os.close(fd)
     try:
-        os.rename(name, dest, src_dir_fd=private.fd)
+        os.rename(name, os.path.basename(dest), src_dir_fd=private.fd, dst_dir_fd=cache.fd)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
         # Same mount, yet "cross-device": CephFS quota realms, XFS/Lustre project quotas.
         _copy_in(private, name, dest, team)  # a durable publication: fsyncs the cache directory itself
         return
-    fsync_dir(os.path.dirname(os.path.abspath(dest)))
+    try:
+        os.fsync(cache.fd)
+    except OSError:
+        pass  # some network filesystems refuse fsync on directories; the rename is still atomic
 
 
 def _copy_in(private: _PrivateDir, name: str, dest: str, team: TeamCache | None = None) -> None:
@@ -131,25 +161,24 @@ def _into_cache(dest: str, team: TeamCache | None, writing: str) -> Iterator[Pub
             raise UnsafeDirectoryError(f"{out.temp} was replaced while {writing}") from None
 
 
-def _remove_downloads(lay: Layout, shard_key: str) -> None:
-    """Remove this user's private download directories of ``shard_key``.  Call holding its stripe.
+def _remove_downloads(tmp: Directory, shard_key: str) -> None:
+    """Remove this user's private download directories of ``shard_key`` from ``tmp`` (open).  Call holding its stripe.
 
     While the stripe is held nobody downloads a shard of it, so what is there was left by a
     process that died.  Other users' directories are private to them (their next evictor removes them).
+    Each is entered and emptied by descriptor, and removed only while its name still is it.
     """
-    directory = lay.part("tmp")
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(shard_key + ".")]
-    except FileNotFoundError:
-        return
-    for entry in names:
-        path = os.path.join(directory, entry)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
+    for entry in tmp.listing():
+        if not entry.name.startswith(shard_key + "."):
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            shutil.rmtree(path, ignore_errors=True)
+        try:
+            st = tmp.lstat(entry.name)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            with tmp.subdirectory(entry.name, identity(st)) as held:
+                _remove_private(tmp, entry.name, held, identity(st))
+        except OSError:  # gone, or swapped since listed (Changed): nothing below it is touched
+            continue
 
 
 def download_atomic(dest: str, write: Download, policy: Policy | None = None) -> None:

@@ -331,7 +331,9 @@ def _sweep_shard(lay: Layout, cache: Directory, shard_key: str, what: set[str], 
         return  # someone downloads or evicts a shard of this stripe: next time
     try:
         if "tmp" in what:
-            _remove_downloads(lay, shard_key)
+            with _part(lay, "tmp", cache) as tmp:
+                if tmp is not None:
+                    _remove_downloads(tmp, shard_key)
         if "claim" in what:
             with _part(lay, "claims", cache) as claims:
                 if claims is not None:

@@ -12,11 +12,12 @@ import os
 import time
 from typing import IO, TYPE_CHECKING, Callable
 
-from sharedfs.errors import WaitTimeout
+from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
+from sharedfs.fs.directory import identity
 from sharedfs.model.records import HolderRecord
 from sharedfs.shardcache.claims import InUse, _Claim, _claim_state
 from sharedfs.shardcache.downloads import Download, _PrivateDir, _publish, _remove_downloads
-from sharedfs.shardcache.tree import LAG_BOUND, _current, _tree, _unlink, forget, key
+from sharedfs.shardcache.tree import LAG_BOUND, Swapped, _current, _tree, forget, key, open_cache
 
 if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy
@@ -36,7 +37,8 @@ def shard_lock(dest: str, timeout: float = -1, policy: Policy | None = None):  #
     current = _current(policy)
     # The stripe directory must exist before acquiring: a lock file that cannot be created
     # looks like contention to the lock, which would wait for it forever.
-    lay, _ = _tree(os.path.dirname(os.path.abspath(dest)), "stripes", current)
+    lay, stripes = _tree(os.path.dirname(os.path.abspath(dest)), "stripes", current)
+    stripes.close()
     return lock(lay.stripe_lock(key(os.path.basename(dest))), timeout=timeout, policy=current)
 
 
@@ -75,39 +77,64 @@ def open_shard(dest: str, download: Download, *, mode: str = "rb", validate: Cal
 
 def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | None = None,
            policy: Policy | None = None) -> bool:
-    """Make ``dest`` exist.  Call with the shard lock held.  True when this call downloaded it."""
+    """Make ``dest`` exist.  Call with the shard lock held.  True when this call downloaded it.
+
+    Everything is written and removed through descriptors: the claim in ``claims/``, the download
+    in ``tmp/`` (the tree's own parts, :func:`~sharedfs.shardcache.tree.open_part`), the shard
+    renamed into the cache directory this process used (:func:`~sharedfs.shardcache.tree.open_cache`).
+    When a member swapped one of them (a symlink to another directory, say), nothing is written
+    and :class:`~sharedfs.errors.UnsafeDirectoryError` says which, in one line.
+    """
     if os.path.exists(dest):
         return False
     current = _current(policy)
     cache_dir = os.path.dirname(os.path.abspath(dest))
     if not os.path.isdir(cache_dir):
         forget(cache_dir)  # the cache was removed while this process used it: make it (and its tree) again
-    lay, claims = _tree(cache_dir, "claims", current)
+    try:
+        return _fetch(dest, cache_dir, download, validate, current)
+    except Swapped as why:
+        raise UnsafeDirectoryError(
+            f"shard cache {cache_dir}: {os.path.basename(dest)} not downloaded, nothing written: {why}; someone who "
+            f"may write {os.path.dirname(cache_dir)} may have swapped it (see who with ls -la): put it back (a "
+            "removed coordination directory is made again), or give the job a cache directory only you can write"
+        ) from None
+
+
+def _fetch(dest: str, cache_dir: str, download: Download, validate: Callable[[str], None] | None,
+           policy: Policy) -> bool:
+    lay, claims = _tree(cache_dir, "claims", policy)
     name = os.path.basename(dest)
     shard_key = key(name)
-    claim_path = os.path.join(claims, shard_key)
-    record = HolderRecord.mine(current.node_id, "downloading")
-    try:
-        claim = _Claim.take(claim_path, record, lay.cache, lay.team)
-    except FileExistsError:
-        # Someone claimed this shard before us and has released the lock since: it either
-        # published it (and the name is not visible here yet: lagging metadata) or died
-        # mid-download.  Only the claim, created O_EXCL, can tell us which.
-        seen = _claim_state(claim_path)
-        if seen is not None and seen.kind == "published" and _published_visible(dest, seen, current):
-            return False
-        _remove_downloads(lay, shard_key)  # holding the lock: any partial of this shard is a dead one's
-        _unlink(claim_path)
-        claim = _Claim.take(claim_path, record, lay.cache, lay.team)
+    record = HolderRecord.mine(policy.node_id, "downloading")
+    with claims:
+        try:
+            claim = _Claim.take(claims, shard_key, record, lay.cache, lay.team)
+        except FileExistsError:
+            # Someone claimed this shard before us and has released the lock since: it either
+            # published it (and the name is not visible here yet: lagging metadata) or died
+            # mid-download.  Only the claim, created O_EXCL, can tell us which.
+            seen = _claim_state(claims.join(shard_key))
+            if seen is not None and seen.kind == "published" and _published_visible(dest, seen, policy):
+                return False
+            _, tmp = _tree(cache_dir, "tmp", policy)
+            with tmp:
+                _remove_downloads(tmp, shard_key)  # holding the lock: any partial of this shard is a dead one's
+            try:  # holding the lock: whatever claim is there now is a dead downloader's
+                claims.unlink_if_same(shard_key, identity(claims.lstat(shard_key)))
+            except FileNotFoundError:
+                pass
+            claim = _Claim.take(claims, shard_key, record, lay.cache, lay.team)
     private = None
     try:
-        private = _PrivateDir(_tree(cache_dir, "tmp", current)[1], shard_key)
+        private = _PrivateDir(_tree(cache_dir, "tmp", policy)[1], shard_key)
         download(private.file(name))
         private.fsync(name)
         if validate is not None:
             validate(private.file(name))
-        _publish(private, name, dest, lay.team)
-        claim.publish(HolderRecord.mine(current.node_id, "published"))
+        with open_cache(cache_dir, policy) as cache:  # the directory this process used, or Swapped
+            _publish(private, name, dest, cache, lay.team)
+        claim.publish(HolderRecord.mine(policy.node_id, "published"))
     except BaseException:
         claim.abandon()
         raise

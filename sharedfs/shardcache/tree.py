@@ -16,16 +16,14 @@ import hashlib
 import logging
 import os
 import re
-import shutil
+import secrets
 import stat
-import tempfile
 from typing import TYPE_CHECKING
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
 from sharedfs.fs import trustedpath
-from sharedfs.fs.directory import Directory
-from sharedfs.fs.publish import fsync_dir
+from sharedfs.fs.directory import Changed, Directory, identity
 from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.model.records import user_name
 from sharedfs.model.structs import frozen
@@ -67,13 +65,6 @@ def _current(policy: Policy | None) -> Policy:
     from sharedfs.machinery.runtime import policy as current
 
     return current()
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 # -- where the coordination tree is ---------------------------------------------------------------
@@ -241,11 +232,15 @@ _NAMES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def _empty(dir_fd: int, rules: str, dev: int) -> list[str]:
+#: How deep :func:`_empty` descends (a download directory holds what a framework wrote: a file, seldom a tree).
+EMPTY_DEPTH = 16
+
+
+def _empty(dir_fd: int, rules: str, dev: int, depth: int = 0) -> list[str]:
     """Remove, through the directory open as ``dir_fd``, what sharedfs makes there; the names left behind.
 
     Never follows a symlink (a symlink is removed as the name it is, if its name is one of ours),
-    never enters another filesystem.
+    never enters another filesystem, never descends more than :data:`EMPTY_DEPTH` levels.
     """
     left: list[str] = []
     try:
@@ -263,7 +258,7 @@ def _empty(dir_fd: int, rules: str, dev: int) -> list[str]:
         is_dir = stat.S_ISDIR(st.st_mode)
         kinds = [kind for pattern, kind in _NAMES[rules] if re.fullmatch(pattern, name)]
         kind = next((k for k in kinds if (k != "file") == is_dir), None)
-        if kind is None or (is_dir and st.st_dev != dev):
+        if kind is None or (is_dir and (st.st_dev != dev or depth >= EMPTY_DEPTH)):
             left.append(name)
             continue
         try:
@@ -275,7 +270,7 @@ def _empty(dir_fd: int, rules: str, dev: int) -> list[str]:
                 if (os.fstat(sub).st_ino, os.fstat(sub).st_dev) != (st.st_ino, st.st_dev):
                     left.append(name)  # swapped between the look and the open
                     continue
-                left.extend(f"{name}/{inner}" for inner in _empty(sub, kind, dev))
+                left.extend(f"{name}/{inner}" for inner in _empty(sub, kind, dev, depth + 1))
             finally:
                 os.close(sub)
             os.rmdir(name, dir_fd=dir_fd)
@@ -491,26 +486,59 @@ def _create_tree(target: str, cache_st: os.stat_result, team: TeamCache | None =
     True when it exists (made here or by someone else, and visible); False when someone else
     made it and it is not visible here yet (the caller looks again).  Built in a staging
     directory and renamed into place, so nobody ever sees it half-made or with the wrong mode.
+    The staging directory is made, filled and removed through descriptors: a member who renames
+    it away and puts a directory of ours at its name gets nothing made in, or removed from, that.
     """
-    parent = os.path.dirname(target)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(target) + ".new-", dir=parent)
-    try:
-        for sub in SUBDIRS:
-            os.mkdir(os.path.join(staging, sub), 0o700)
-        for path in (*(os.path.join(staging, sub) for sub in SUBDIRS), staging):
-            _mirror(path, cache_st, team)
-        os.rename(staging, target)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-            raise
-        return _visible_within(target, LAG_BOUND)
-    fsync_dir(parent)
+    parent, base = os.path.split(target)
+    with Directory.open(parent) as up:
+        name = f"{base}.new-{secrets.token_hex(4)}"
+        os.mkdir(name, 0o700, dir_fd=up.fd)
+        staging = up.subdirectory(name)  # never through a symlink swapped in since
+        try:
+            made = identity(staging.fd)
+            try:
+                if staging.stat().st_uid != os.geteuid() or staging.listing():
+                    raise UnsafeDirectoryError(f"{staging.path} was replaced right after this process created it; "
+                                               "someone with write access to the cache is interfering")
+                for sub in SUBDIRS:
+                    os.mkdir(sub, 0o700, dir_fd=staging.fd)
+                    with staging.subdirectory(sub) as part:
+                        _mirror_fd(part, cache_st, team)
+                _mirror_fd(staging, cache_st, team)
+                if not up.names(name, made):
+                    raise UnsafeDirectoryError(f"{staging.path} was renamed away while this process built it; "
+                                               "someone with write access to the cache is interfering")
+                os.rename(name, base, src_dir_fd=up.fd, dst_dir_fd=up.fd)
+            except OSError as exc:
+                _remove_staging(up, name, staging, made)
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or isinstance(exc, UnsafeDirectoryError):
+                    raise
+                return _visible_within(target, LAG_BOUND)
+        finally:
+            staging.close()
+        try:
+            os.fsync(up.fd)
+        except OSError:
+            pass  # some network filesystems refuse fsync on directories; the rename is still atomic
     return True
 
 
-def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) -> None:
-    """Give the directory ``path`` (just made by us) the cache's group and permissions.
+def _remove_staging(up: Directory, name: str, staging: Directory, made: tuple[int, int]) -> None:
+    """Remove the empty parts made in ``staging``, then ``staging`` itself only while ``name`` still is it."""
+    for sub in SUBDIRS:
+        try:
+            os.rmdir(sub, dir_fd=staging.fd)  # only an empty directory goes: nothing else was made there
+        except OSError:
+            pass
+    if up.names(name, made):
+        try:
+            os.rmdir(name, dir_fd=up.fd)
+        except OSError:
+            pass
+
+
+def _mirror_fd(made: Directory, cache_st: os.stat_result, team: TeamCache | None = None) -> None:
+    """Give the directory open as ``made`` (just made by us) the cache's group and permissions.
 
     Whoever may fill the cache may coordinate.  In a team cache that is the whole group,
     whatever mode the cache directory got from its creator's umask: the team's group,
@@ -518,20 +546,16 @@ def _mirror(path: str, cache_st: os.stat_result, team: TeamCache | None = None) 
     member could swap the new directory for a symlink to one of ours between our mkdir
     and a chmod, which would then open up our own directory.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    if made.stat().st_uid != os.geteuid():
+        raise UnsafeDirectoryError(f"{made.path} was replaced right after this process created it; "
+                                   "someone with write access to the cache is interfering")
     try:
-        if os.fstat(fd).st_uid != os.geteuid() or not _opened_at(fd, path):
-            raise UnsafeDirectoryError(f"{path} was replaced right after this process created it; "
-                                       "someone with write access to the cache is interfering")
-        try:
-            os.fchown(fd, -1, team.gid if team is not None else cache_st.st_gid)
-        except OSError:
-            pass  # not a member of that group: the directory keeps ours
-        # Never the sticky bit: evictors remove other users' stale markers and claims.
-        mode = (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700
-        os.fchmod(fd, teamfiles.group_mode(mode, True) if team is not None else mode)
-    finally:
-        os.close(fd)
+        os.fchown(made.fd, -1, team.gid if team is not None else cache_st.st_gid)
+    except OSError:
+        pass  # not a member of that group: the directory keeps ours
+    # Never the sticky bit: evictors remove other users' stale markers and claims.
+    mode = (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700
+    os.fchmod(made.fd, teamfiles.group_mode(mode, True) if team is not None else mode)
 
 
 def _opened_at(fd: int, path: str) -> bool:
@@ -566,22 +590,46 @@ def _say_inside(real: str, why: str) -> None:
              f"list the cache) because {why}", level=logging.WARNING)
 
 
-def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, str]:
-    """``cache_dir``'s layout and its subdirectory ``name``, re-created if someone removed either."""
+def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, Directory]:
+    """``cache_dir``'s layout and its part ``name`` open by descriptor, re-created if someone removed either.
+
+    The part is made and entered through the tree's descriptor (:func:`open_part`; the inside
+    tree through the cache's, :func:`open_cache`), so a member who replaced the tree or the part
+    with a symlink, or another directory, gets nothing written there: :class:`Swapped` says so.
+    """
     for attempt in range(2):
         lay = layout(cache_dir, policy)
-        path = lay.part(name)
-        if _is_dir(path):
-            return lay, path
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            return lay, path
+            return lay, _enter(lay, cache_dir, name, policy)
         except FileNotFoundError:
             if attempt:
                 raise
             forget(cache_dir)  # the whole tree (or the cache) was removed: resolve it again
-            continue
-        _mirror(path, os.stat(lay.cache), lay.team)
-        return lay, path
+        except Changed as exc:
+            raise Swapped(f"{exc.filename} is {exc.strerror}, not the coordination directory this process "
+                          "uses") from None
     raise AssertionError("unreachable")
+
+
+def _enter(lay: Layout, cache_dir: str, name: str, policy: Policy | None) -> Directory:
+    cache = open_cache(cache_dir, policy) if lay.inside else None
+    try:
+        with _open_tree(lay, cache) as tree:
+            try:
+                return tree.subdirectory(name)
+            except FileNotFoundError:
+                pass
+            try:
+                os.mkdir(name, 0o700, dir_fd=tree.fd)
+            except FileExistsError:
+                return tree.subdirectory(name)
+            part = tree.subdirectory(name)
+            try:
+                _mirror_fd(part, tree.stat(), lay.team)  # the tree has the cache's group and mode already
+            except BaseException:
+                part.close()
+                raise
+            return part
+    finally:
+        if cache is not None:
+            cache.close()
