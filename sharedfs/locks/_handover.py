@@ -179,6 +179,10 @@ class Handover:
         #: A waiter asks for a turn after this long; a holder honours one ask this long at most.
         self.ask_after = settle + 2 * poll_interval
         self.honour_for = 2 * settle + 4 * poll_interval + 2.0
+        #: Asks are looked for at most every ``ask_every`` seconds (a lookup the server answers, per acquire
+        #: where negative entries are not cached): an ask waits that much longer, a fast cycle pays less.
+        self.ask_every = min(poll_interval, 0.5)
+        self.asks_looked = float("-inf")
 
     # -- the new holder ---------------------------------------------------------------------------
 
@@ -190,7 +194,10 @@ class Handover:
             previous = None
         else:
             with where:
-                self._honour_ask(where)
+                now = time.monotonic()
+                if now - self.asks_looked >= self.ask_every:
+                    self.asks_looked = now
+                    self._honour_ask(where)
                 previous = self._previous(where)
         self.recorded = previous == self.tag
         if previous == self.tag:

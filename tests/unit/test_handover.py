@@ -84,6 +84,7 @@ def test_a_holder_lets_go_for_another_nodes_ask_for_a_bounded_time(tmp_path: Pat
     with pytest.raises(_handover.Yield):
         a.arrive()
     a.honour_for = 0.0  # the asker never came: the ask is cleared, not honoured forever
+    time.sleep(a.ask_every)
     a.arrive()
     assert not (tmp_path / "x.lock.want").exists()
     b.ask()
