@@ -53,7 +53,7 @@ class SharedFSBuildLock:
 
     def __init__(self, lock_file_path: str) -> None:
         super().__init__(lock_file_path)  # type: ignore[call-arg]  # tvm-ffi's: lock_file_path, _file_descriptor
-        self._sharedfs_lock: Any = None
+        self._sharedfs_lock: Any = None  # while held
         self._sharedfs_stock: Any = None
         self._sharedfs_held = False
 
@@ -86,27 +86,37 @@ class SharedFSBuildLock:
             return
         self._sharedfs_held = False
         stock, self._sharedfs_stock = self._sharedfs_stock, None
+        held, self._sharedfs_lock = self._sharedfs_lock, None
         try:
             if stock is not None:
                 stock.release()
         finally:
-            self._sharedfs_lock.release()
+            held.release()
+        _idle().setdefault((self.policy, held.lock_file), held)
 
     def _take(self, timeout: float) -> None:
         from sharedfs.locks import lock
 
         started = time.monotonic()
-        if self._sharedfs_lock is None:
-            self._sharedfs_lock = lock(self.lock_file_path, timeout=-1, policy=self.policy)
-        self._sharedfs_lock.acquire(timeout=timeout)
+        # tvm-ffi makes a FileLock per build: this thread's idle sharedfs lock of the file is reused (its kind is
+        # known), taken out of the pool while held so that a second instance gets a lock of its own, as in tvm-ffi.
+        key = (self.policy, os.path.abspath(self.lock_file_path))  # a relative path: in this working directory
+        held = _idle().pop(key, None)
+        if held is None:
+            held = lock(key[1], timeout=-1, policy=self.policy)
         try:
-            self._sharedfs_stock = self._hold_stock_file(started, timeout)
+            held.acquire(timeout=timeout)
         except BaseException:
-            self._sharedfs_lock.release()
+            _idle().setdefault(key, held)
             raise
-        self._sharedfs_held = True
+        try:
+            self._sharedfs_stock = self._hold_stock_file(held, started, timeout)
+        except BaseException:
+            held.release()
+            raise
+        self._sharedfs_lock, self._sharedfs_held = held, True
 
-    def _hold_stock_file(self, started: float, timeout: float) -> Any:
+    def _hold_stock_file(self, held_lock: Any, started: float, timeout: float) -> Any:
         """tvm-ffi's own flock of the lock file, beside a sharedfs lock of another kind; None where not needed.
 
         Where flock fails (ENOLCK, ENOSYS) tvm-ffi without sharedfs never holds the file (it waits forever),
@@ -116,7 +126,7 @@ class SharedFSBuildLock:
         from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
         from sharedfs.locks.stock import FLOCK, StockLockFile, stock_mechanism
 
-        if self._sharedfs_lock.kind == FLOCK:
+        if held_lock.kind == FLOCK:
             return None  # sharedfs's lock is a flock of this very file: tvm-ffi's own way already
         path = os.path.abspath(self.lock_file_path)
         if stock_mechanism(os.path.dirname(path)) != FLOCK:
@@ -135,6 +145,21 @@ class SharedFSBuildLock:
                             now - started, path)
             time.sleep(POLL)
         return held
+
+
+class _Idle(threading.local):
+    locks: dict[tuple[Policy, str], Any]
+
+    def __init__(self) -> None:
+        self.locks = {}
+
+
+_idle_locks = _Idle()
+
+
+def _idle() -> dict[tuple[Policy, str], Any]:
+    """This thread's unheld sharedfs locks, by policy and lock file."""
+    return _idle_locks.locks
 
 
 _classes: dict[tuple[type, Policy], type] = {}

@@ -160,7 +160,8 @@ def test_the_build_lock_keeps_tvm_ffis_interface_and_excludes_other_nodes_and_st
         hostile_mount) -> None:
     """localflock: a build lock held on node a excludes node b (tvm-ffi's own lock would not) and a builder
     without sharedfs on node a (its flock of the same file); ``acquire()`` tries once and answers False,
-    ``blocking_acquire(timeout)`` raises tvm-ffi's ``TimeoutError``, ``release()`` frees it."""
+    ``blocking_acquire(timeout)`` raises tvm-ffi's ``TimeoutError``, ``release()`` frees it; a second instance in
+    the holder's own process is refused, as tvm-ffi's flock refuses it."""
     mount = hostile_mount("localflock")
     build_dir = mount.path / "cache" / "add_one_0"
     (mount.backing / "cache" / "add_one_0").mkdir(parents=True)
@@ -171,6 +172,7 @@ def test_the_build_lock_keeps_tvm_ffis_interface_and_excludes_other_nodes_and_st
         assert stock_here.run("type(lock).__module__ + '.' + type(lock).__qualname__") == UPSTREAM
         assert holder.run("lock.acquire()") is True
         assert holder.run("lock.acquire()") is False  # held by this instance: tvm-ffi's answer
+        assert holder.run("extension.FileLock(lock.lock_file_path).acquire()") is False  # another instance: refused
         assert other.run("lock.acquire()") is False  # another node: excluded
         assert stock_here.run("lock.acquire()") is False  # tvm-ffi without sharedfs on the holder's node
         assert stock_there.run("lock.acquire()") is True  # what stock flock does across nodes here
@@ -183,5 +185,11 @@ def test_the_build_lock_keeps_tvm_ffis_interface_and_excludes_other_nodes_and_st
         assert other.run("lock.blocking_acquire(timeout=30)") is True
         assert holder.run("lock.acquire()") is False
         other.run("lock.release()")
+        assert holder.run("lock.acquire()") is True  # the lock its release left idle, taken again
+        holder.run("second = extension.FileLock(lock.lock_file_path)")
+        assert holder.run("second.acquire()") is False
+        holder.run("lock.release()")
+        assert holder.run("second.acquire()") is True
+        holder.run("second.release()")
         assert stock_here.run("lock.acquire()") is True
         stock_here.run("lock.release()")
