@@ -37,6 +37,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         -c scripts/constraints.txt  # every package pinned (scripts/pin.sh): a fresh machine is CI's
     echo "$want" > "$stamp"
 fi
+# yapf (mmengine imports it) rewrites its grammar pickle in ~/.cache/YAPF, non-atomically, whenever the
+# venv's grammar file is newer: make test's workers all importing mmengine from a fresh venv raced on it
+# (EOFError at collection).  Written once here, before any worker starts.
+"$VENV/bin/python" -c 'import importlib.util as u; u.find_spec("yapf") and __import__("yapf")'
 
 # `make check` needs none of the framework venvs below.
 [ "${SHAREDFS_SETUP_FRAMEWORK_VENVS:-1}" = 0 ] && exit 0
