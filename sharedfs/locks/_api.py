@@ -371,6 +371,9 @@ class SharedFSLock(SharedFSLockMixin, filelock.BaseFileLock):
 
 def _handover_for(target: Target) -> _handover.Handover | None:
     """The handover rule for a lock on a mount whose clients cache metadata (one per lock object)."""
+    choice = target.choice
+    if not (choice.marker or choice.kind in ("soft", "lease")):
+        return None  # a filesystem only this node sees (the plugins chose no marker): nothing to ask
     fs = choices.filesystem(os.path.dirname(target.lock_file) or ".")
     if not fs.shared:
         return None
