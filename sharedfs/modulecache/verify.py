@@ -158,20 +158,20 @@ def _check_bytecode(dir_fd: int, dir_path: str, name: str, source: os.stat_resul
         os.close(fd)
 
 
-def _check_code(dir_fd: int, dir_path: str, name: str, *, empty: bool = False) -> bool:
-    """Check a source file and its bytecode; whether the source exists.
+def _check_code(dir_fd: int, dir_path: str, name: str, *, empty: bool = False) -> os.stat_result | None:
+    """Check a source file and its bytecode; the source's stat, ``None`` if it does not exist.
 
     ``empty``: a package's ``__init__.py`` on the way, which both frameworks only ever create empty
     (``touch``) and which every member's import through that package runs.
     """
     st = _check_file(dir_fd, dir_path, name)
     if st is None:
-        return False
+        return None
     if empty and st.st_size:
         raise _refuse("the package file", os.path.join(dir_path, name), st, "the framework creates it empty and "
                       "it is not", f"{_owner(st.st_uid)} empties or removes it")
     _check_bytecode(dir_fd, dir_path, name, st)
-    return True
+    return st
 
 
 def check_import(modules_cache: str, module_path: str, relative_imports: Callable[[str], list[str]]) -> None:
@@ -201,6 +201,23 @@ def check_import(modules_cache: str, module_path: str, relative_imports: Callabl
             os.close(fd)
 
 
+#: What a checked file imports relatively, by what identifies its content: a file only its owner may write
+#: keeps its inode, size and times (ctime, which no one sets) until she changes it.  Reading and searching
+#: a 100 kB module on every warm load cost more than the rest of the check.
+_IMPORTS: dict[tuple[int, ...], list[str]] = {}
+
+
+def _imports_of(path: str, st: os.stat_result, relative_imports: Callable[[str], list[str]]) -> list[str]:
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    found = _IMPORTS.get(key)
+    if found is None:
+        found = relative_imports(path)
+        if len(_IMPORTS) >= 1024:
+            _IMPORTS.clear()
+        _IMPORTS[key] = found
+    return found
+
+
 def _check_relatives(leaf_fd: int, leaf: str, first: str, relative_imports: Callable[[str], list[str]]) -> None:
     """Check ``first`` in ``leaf`` and, transitively, the files it imports relatively (as the framework
     finds them: ``from .name import``, relative to the module's directory)."""
@@ -224,9 +241,10 @@ def _check_relatives(leaf_fd: int, leaf: str, first: str, relative_imports: Call
                 _check_code(fds[-1], path, "__init__.py")
             else:
                 dir_fd = fds[-1] if fds else leaf_fd
-                if not _check_code(dir_fd, path, base):
+                st = _check_code(dir_fd, path, base)
+                if st is None:
                     continue  # missing: the import fails as it would without sharedfs
-                for imported in relative_imports(os.path.join(path, base)):
+                for imported in _imports_of(os.path.join(path, base), st, relative_imports):
                     if not all(part.isidentifier() for part in imported.split(".")):
                         continue  # `from ..x import`: outside the module's folder, which the framework never fills
                     target = imported.replace(".", os.sep)
