@@ -241,6 +241,15 @@ def _team_fix(path: str, group: str, counts: dict[str, int], setgid: bool, acl: 
     if not acl:
         # New entries then get group rw whatever each user's umask, in programs without sharedfs too.
         fix.append(f"setfacl -R -d -m g:{group}:rwX {quoted}")
+    modules = os.path.join(path, "modules")
+    if os.path.isdir(modules) and not os.path.islink(modules):
+        # HF_HOME's module cache holds code: the group reads it, never writes a file there, and its
+        # directories are sticky (docs/security.md, "Code in a team's module cache").
+        code = shlex.quote(modules)
+        if not acl:
+            fix.append(f"setfacl -R -k {code}")
+        fix += [f"find {code} -type f -exec chmod go-w {{}} +",
+                f"find {code} -mindepth 1 -type d -exec chmod +t {{}} +", f"chmod g-w {code}"]
     return fix
 
 

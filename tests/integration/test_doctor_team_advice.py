@@ -69,3 +69,35 @@ def test_entries_of_users_outside_one_group_get_no_fix_and_members_get_a_fix_sco
         assert all(command.endswith(shlex.quote(str(members))) or f"{shlex.quote(str(members))} -type d" in command
                    for command in report["fix"]), report["fix"]
         assert report["group"] not in ("<your-team-group>",) and "team fix" in text
+
+
+def test_the_fix_for_an_hf_home_leaves_its_module_cache_read_only_to_the_group() -> None:
+    """Run the advice on a team ``HF_HOME``: the tree-wide ``chmod -R g+rwX`` alone made every module
+    file group-writable, so a member's edit would run in another member's process (docs/security.md,
+    "Code in a team's module cache"); the module cache's own lines undo that for ``modules/``."""
+    with scratch() as root, group_of_users(2, root) as (a, b):
+        home = tree(root, "hf", 0o0750, a.group, [a.uid, b.uid])
+        module = home / "modules" / "transformers_modules" / "acc" / "a" / "helpers.py"
+        module.parent.mkdir(parents=True)
+        module.write_text("x = 1\n")
+        for level in (module, *module.parents):
+            os.chown(level, a.uid, a.group)
+            if level == home / "modules":
+                break
+        report, _ = advice(home)
+        assert report["candidate"], report
+        code = [line for line in report["fix"] if "modules" in line]
+        tree_wide = [line for line in report["fix"] if line not in code]
+        assert any("chmod -R g+rwX" in line for line in tree_wide), report["fix"]
+
+        def run(lines: list[str]) -> None:
+            for line in lines:
+                subprocess.run(line, shell=True, check=True, timeout=60)
+
+        run(tree_wide)  # the advice as it was: the module file is the group's to write
+        assert module.stat().st_mode & 0o020, oct(module.stat().st_mode)
+        run(code)
+        assert not module.stat().st_mode & 0o022, oct(module.stat().st_mode)
+        assert module.parent.stat().st_mode & 0o1000, oct(module.parent.stat().st_mode)
+        assert not (home / "modules").stat().st_mode & 0o020
+        assert (home / f"file-of-{b.uid}").stat().st_mode & 0o020  # the rest stays the group's to write
