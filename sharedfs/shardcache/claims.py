@@ -30,6 +30,7 @@ from sharedfs.shardcache.tree import (
     Layout,
     Swapped,
     _current,
+    _held_tree,
     _tree,
     forget,
     key,
@@ -164,7 +165,7 @@ class InUse:
         if self.path and self._lay is not None:
             lay, name, self.path = self._lay, os.path.basename(self.path), ""
             try:
-                with open_part(lay, "inuse", _cache_of(lay)) as inuse:
+                with _release_part(lay) as inuse:
                     inuse.unlink_if_same(name, self._held)
             except OSError:
                 pass  # inuse/ gone or replaced since: the marker cannot be reached, an evictor's sweep removes it
@@ -176,14 +177,20 @@ class InUse:
         self.release()
 
 
-def _cache_of(lay: Layout) -> Directory | None:
-    """The cache directory open by descriptor when the tree is inside it (``None`` for the sibling)."""
+def _release_part(lay: Layout) -> Directory:
+    """``inuse/`` open by descriptor: from the sibling tree this process holds, or the verified cache's inside tree."""
+    tree = _held_tree(lay)
+    if tree is not None:
+        with tree:
+            return tree.subdirectory("inuse")
     if not lay.inside:
-        return None
+        return open_part(lay, "inuse")
     try:
-        return open_cache(lay.cache)
+        cache = open_cache(lay.cache)
     except Swapped as why:
         raise Changed(errno.ESTALE, str(why), lay.cache) from None
+    with cache:
+        return open_part(lay, "inuse", cache)
 
 
 _said_unmarked: set[str] = set()

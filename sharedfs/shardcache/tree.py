@@ -411,6 +411,16 @@ def _open_tree(lay: Layout, cache: Directory | None) -> Directory:
         return up.subdirectory(name, (held[1], held[2]) if held is not None else None)
 
 
+def _held_tree(lay: Layout) -> Directory | None:
+    """The sibling tree this process holds open since first use (its own, wherever a member renamed it), or None.
+
+    What is written through it stays in sharedfs's own tree; a tree removed meanwhile refuses new
+    entries (ENOENT), and the caller makes it again.
+    """
+    held = None if lay.inside else _held.get(lay.root)
+    return Directory(os.dup(held[0]), lay.root) if held is not None else None
+
+
 def _what_is(path: str) -> str:
     try:
         st = os.lstat(path)
@@ -614,7 +624,7 @@ def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, Dir
 def _enter(lay: Layout, cache_dir: str, name: str, policy: Policy | None) -> Directory:
     cache = open_cache(cache_dir, policy) if lay.inside else None
     try:
-        with _open_tree(lay, cache) as tree:
+        with _held_tree(lay) or _open_tree(lay, cache) as tree:
             try:
                 return tree.subdirectory(name)
             except FileNotFoundError:
