@@ -77,7 +77,10 @@ JOB = textwrap.dedent("""
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.02)
     if framework == "webdataset":
-        fc.get_file(urls[-1])
+        try:
+            fc.get_file(urls[-1])
+        except PermissionError as exc:  # sharedfs: a download into a swapped cache is refused (one line)
+            print(exc, file=sys.stderr)
     else:
         keep_most_recent_files(os.path.join(cache, "*"), maxsize=limit)
     print("done", flush=True)
