@@ -65,6 +65,7 @@ REFERENCES = {
     "triton#2688": "https://github.com/triton-lang/triton/issues/2688",
     "prime-rl PR #2305": "https://github.com/PrimeIntellect-ai/prime-rl/pull/2305",
     "diffusers#1517": "https://github.com/huggingface/diffusers/issues/1517",
+    "tvm-ffi#667": "https://github.com/apache/tvm-ffi/issues/667",
 }
 
 #: The distribution (and the version range the shims support) behind each module a scenario imports.
@@ -75,6 +76,9 @@ DISTRIBUTIONS = {
     "torch": "torch",
     "triton": "triton>=3.0,<4",
     "transformers": "transformers>=4.57,<6",
+    "modelscope_hub": "modelscope-hub>=0.4.6,<0.6",
+    "megatron": "megatron-core>=0.16,<0.17",
+    "tvm_ffi": "apache-tvm-ffi>=0.1.5,<0.2",
 }
 
 
@@ -909,6 +913,128 @@ def team_modules(sim: Sim) -> tuple[Outcome, Outcome]:
     return outcomes[0], outcomes[1]
 
 
+# -- ModelScope's hub lock and Megatron's dataset index cache ----------------------------------------
+
+#: The ModelScope users of the ENOLCK scenario, per simulated node.
+MODELSCOPE_NODES = {"a": 2, "b": 2}
+
+
+def modelscope_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
+    """ModelScope users on 2 nodes download one file into a hub cache on NFS without lockd (modelscope#1778).
+
+    The programs make no ``sharedfs.`` call (:mod:`sharedfs.testing.scenario_modelscope`): only the hub's
+    network fetch is replaced, its ``download_file`` and lock are its own (or the modelscope shim's).
+    """
+    from sharedfs.testing import scenario_modelscope
+
+    path, env = sim.shared_dir("nfs-nolock")
+    outcomes = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        reports = scenario_modelscope.run(path / f"hub-{label}", MODELSCOPE_NODES, {**env, **extra})
+        failed = [r for r in reports if not r["ok"]]
+        locks = sorted({str(r["lock"]) for r in reports if r["lock"]})
+        evidence = f"{len(reports) - len(failed)}/{len(reports)} downloads on 2 nodes completed"
+        cause = ""
+        if failed:
+            first = str(failed[0]["error"]).replace(f"{path}/", "")
+            evidence += f"; {first[:120]}"
+            cause = (f"{len(failed)} of {len(reports)} downloads failed in the hub's download lock "
+                     f"({', '.join(locks) or 'none imported'}._optional_file_lock); the first: {first[:100]}")
+        outcomes.append(Outcome(bool(failed), evidence, cause=cause))
+    return outcomes[0], outcomes[1]
+
+
+def megatron_killed_rank0(sim: Sim) -> tuple[Outcome, Outcome]:
+    """Rank 0 of a Megatron job is SIGKILLed while ``numpy.save`` writes its shuffle index; then the rerun.
+
+    megatron-core on CPU, gloo (:mod:`sharedfs.testing.scenario_megatron`).  The killed job runs stock
+    (what a job that ran before sharedfs, or without it, leaves); each rerun gets a copy of its cache,
+    stock and with sharedfs, both at once.
+    """
+    from sharedfs.testing import scenario_megatron as megatron
+
+    work = sim.work / "megatron"
+    work.mkdir()
+    prefix = str(work / "tiny")
+    prepared = subprocess.run([sys.executable, "-m", megatron.__name__, "prepare", prefix], capture_output=True,
+                              text=True, env=sim.base_env, cwd="/", timeout=120, check=False)
+    if prepared.returncode:
+        raise RuntimeError(f"megatron could not write the tiny indexed dataset: {last_error(prepared)}")
+    short = megatron.kill_while_writing(work / "killed", prefix, {**sim.base_env, "SHAREDFS_DISABLE": "1"})
+    cut = short.stat().st_size
+    jobs = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        shutil.copytree(work / "killed", work / label)
+        jobs.append(megatron.start_job(str(work / label), prefix, megatron.MANY, ["a"], {**sim.base_env, **extra}))
+    reports = [megatron.finish(job)[0] for job in jobs]
+    rebuilt = (work / "with" / short.name).stat().st_size
+    whole = f"{rebuilt:,}" if reports[1]["ok"] else "?"
+    outcomes = []
+    for report, label in zip(reports, ("without", "with")):
+        size = (work / label / short.name).stat().st_size
+        where = f"{report.get('build') or 'megatron'}"
+        if report["ok"]:
+            built = f"rebuilt shuffle_index.npy whole ({size:,} bytes; the killed job's {cut:,} refused)" \
+                if size != cut else f"kept shuffle_index.npy ({size:,} bytes)"
+            outcomes.append(Outcome(False, f"the rerun {built} and read a sample ({where})"))
+            continue
+        error = str(report["error"]).replace(f"{work}/", "")
+        outcomes.append(Outcome(True, f"shuffle_index.npy cut at {cut:,} bytes by the SIGKILL; the rerun: "
+                                      f"{error[:120]}",
+                                cause=f"the killed rank 0 left shuffle_index.npy at its final name with {cut:,} of "
+                                      f"{whole} bytes; the rerun's {where} took it as built, still {size:,} bytes, "
+                                      f"and failed: {error[:100]}"))
+    return outcomes[0], outcomes[1]
+
+
+#: A tvm-ffi process still running this long after every process imported tvm-ffi counts as hung (a build here
+#: takes 2-15 s; tvm-ffi retries ENOLCK every 0.1 s, forever).
+TVM_FFI_HUNG_AFTER = 10.0
+TVM_FFI_NODES = {"a": 2, "b": 2}
+
+
+def tvm_ffi_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
+    """tvm-ffi users on 2 nodes ``load_inline`` one function with HOME on NFS without lockd (tvm-ffi#667).
+
+    The programs make no ``sharedfs.`` call (:mod:`sharedfs.testing.scenario_tvm_ffi`): tvm-ffi's own cache
+    directory, build lock, ninja and compiler.
+    """
+    from sharedfs.testing import scenario_tvm_ffi
+
+    missing = scenario_tvm_ffi.missing_tools()
+    if missing:
+        raise ScenarioSkipped(f"tvm-ffi builds with ninja and a C++ compiler; missing here: {', '.join(missing)} "
+                              "(apt-get install ninja-build g++)")
+    path, env = sim.shared_dir("nfs-nolock")
+    count = sum(TVM_FFI_NODES.values())
+    outcomes = []
+    for label, extra in (("without", {"SHAREDFS_DISABLE": "1"}), ("with", {})):
+        home, work = path / f"home-{label}", sim.work / f"tvm-ffi-{label}"
+        home.mkdir()
+        work.mkdir()
+        reports, compiles = scenario_tvm_ffi.run(home, work, TVM_FFI_NODES, {**env, **extra},
+                                                 hung_after=TVM_FFI_HUNG_AFTER)
+        hung = sum(1 for r in reports if r.get("hung"))
+        failed = [str(r["error"]) for r in reports if not r["ok"] and not r.get("hung")]
+        builds = sum(compiles.values())
+        locks = sorted(home.glob(".cache/tvm-ffi/**/lock"))
+        evidence = (f"{count - hung - len(failed)}/{count} processes on 2 nodes built or loaded the module; "
+                    f"{builds} compile{'s' if builds != 1 else ''}")
+        cause = ""
+        if hung:
+            evidence += f"; {hung} still waiting {TVM_FFI_HUNG_AFTER:.0f} s after import (killed)"
+            where = (f"waited in tvm-ffi's build lock ({len(locks)} lock file{'s' if len(locks) != 1 else ''} "
+                     "under ~/.cache/tvm-ffi, 0 compiles)" if locks and not builds else
+                     f"were still running ({builds} compiles, {len(locks)} lock files)")
+            cause = f"{hung} of {count} processes {where} {TVM_FFI_HUNG_AFTER:.0f} s after importing tvm-ffi; killed"
+        if failed:
+            first = failed[0].replace(f"{path}/", "")
+            evidence += f"; {first[:120]}"
+            cause = cause or f"{len(failed)} of {count} processes failed; the first: {first[:120]}"
+        outcomes.append(Outcome(bool(hung or failed), evidence, cause=cause))
+    return outcomes[0], outcomes[1]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -1046,4 +1172,18 @@ SCENARIOS = (
              story="Two real users of a lab's HF_HOME (2775, its group; umask 022) load remote-code models with "
                    "AutoConfig.from_pretrained(repo, trust_remote_code=True): alice acc/a, then bob acc/b.",
              real=_on_every_real(SAME_EVERYWHERE.format(what="a team directory's modes"))),
+    Scenario("ModelScope download on NFS without lockd (ENOLCK)", "modelscope#1778", modelscope_enolck,
+             needs=("modelscope_hub",),
+             story="4 ModelScope users on 2 nodes download one file into a hub cache on NFS without lockd, through "
+                   "modelscope_hub's own download_file and lock (the network fetch replaced locally).",
+             real=_on_every_real(ENOLCK_ONLY)),
+    Scenario("Megatron index after a killed rank 0", "docs/frameworks/megatron.md", megatron_killed_rank0,
+             needs=("megatron",),
+             story="Rank 0 of a megatron-core job (GPTDataset on CPU, gloo) is SIGKILLed while numpy.save writes "
+                   "its shuffle index in path_to_cache; the rerun builds the datasets from that cache.",
+             real=_on_every_real(SAME_EVERYWHERE.format(what="an index file a killed rank 0 left cut short"))),
+    Scenario("tvm-ffi JIT build on NFS without lockd (ENOLCK)", "tvm-ffi#667", tvm_ffi_enolck, needs=("tvm_ffi",),
+             story="4 processes on 2 nodes JIT-build one C++ function with tvm_ffi.cpp.load_inline, HOME on NFS "
+                   "without lockd: tvm-ffi's build lock takes ENOLCK for \"held\" and retries every 0.1 s.",
+             real=_on_every_real(ENOLCK_ONLY)),
 )

@@ -67,7 +67,11 @@ OLMO_CORE_VENV = pytest.mark.xdist_group("olmo-core-venv")
 #: (tests/integration/test_makedirs.py runs sharedfs.testing.scenario_makedirs's ranks) and OLMo#829
 #: (tests/integration/test_olmo_core.py runs sharedfs.testing.olmo_core_job; the demo's scenario itself runs in
 #: test_progress_is_live_on_a_terminal_and_plain_lines_when_piped).  Together they took half the demo's time.
-OWNED_ELSEWHERE = ("6 ranks makedirs on a lagging filesystem", "rank 0 made a dir, other node waits 10 s (OLMo-core)")
+#: The ModelScope, Megatron and tvm-ffi scenarios: tests/integration/test_demo_new_shims.py runs each through the demo.
+NEW_SHIMS = ("ModelScope download on NFS without lockd (ENOLCK)", "Megatron index after a killed rank 0",
+             "tvm-ffi JIT build on NFS without lockd (ENOLCK)")
+OWNED_ELSEWHERE = ("6 ranks makedirs on a lagging filesystem", "rank 0 made a dir, other node waits 10 s (OLMo-core)",
+                   *NEW_SHIMS)
 
 
 @pytest.mark.long
@@ -147,7 +151,10 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
              "torch C++ extension build killed half-way": "torch",
              "6 ranks makedirs on a lagging filesystem": "torch",
              "two users of a team HF_HOME load remote code (transformers)": "transformers",
-             "9 processes fill one Triton kernel cache": "triton"}
+             "9 processes fill one Triton kernel cache": "triton",
+             "ModelScope download on NFS without lockd (ENOLCK)": "modelscope_hub",
+             "Megatron index after a killed rank 0": "megatron",
+             "tvm-ffi JIT build on NFS without lockd (ENOLCK)": "tvm_ffi"}
     for name, module in needs.items():
         scenario = by_name[name]
         assert scenario["verdict"] == "skipped" and scenario["without"] is None, scenario
@@ -161,7 +168,7 @@ def test_a_missing_framework_is_skipped_with_its_install_command_not_failed(bare
     assert {s["name"] for s in ran} == {"lock of a killed job on another node", "a live lock is never broken"}
     assert all(s["fixed"] for s in ran), ran
     assert "ModuleNotFoundError" not in json.dumps(report)
-    assert report["summary"].startswith("2 of 2 field failures that ran here were reproduced and fixed; 11 skipped")
+    assert report["summary"].startswith("2 of 2 field failures that ran here were reproduced and fixed; 14 skipped")
 
 
 def test_the_torch_scenarios_show_the_failure_the_installed_torch_and_filelock_have() -> None:
@@ -243,7 +250,7 @@ def test_html_and_markdown_reports_carry_the_results_and_this_clusters_doctor(tm
     html_file, md_file = tmp_path / "report.html", tmp_path / "report.md"
     probed = tmp_path / "cache"
     probed.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "sharedfs", "demo", "--only", "NFS without lockd", "--html",
+    proc = subprocess.run([sys.executable, "-m", "sharedfs", "demo", "--only", "datasets, NFS without lockd", "--html",
                            str(html_file), "--markdown", str(md_file), "--doctor", str(probed)],
                           check=False, capture_output=True, text=True, env=clean_env(), timeout=300, cwd="/tmp")
     assert proc.returncode == 0, proc.stderr
@@ -303,7 +310,7 @@ def test_a_non_root_user_without_fuse_gets_the_fallbacks(throwaway_user: str) ->
                                         "a live lock is never broken", "wids cache on storage without flock (ENOLCK)",
                                         "8 webdataset readers share one cache_dir",
                                         "Dataset from a node-local cache sent to another node",
-                                        *TORCH_WITHOUT_FUSE}
+                                        *TORCH_WITHOUT_FUSE, *NEW_SHIMS}
     assert all(s["fixed"] or s["fixed_upstream"] for s in ran), ran
     assert all("needs FUSE" in s["skipped"] or s["skipped"].startswith("needs root to create throwaway users")
                for s in report["scenarios"] if s["skipped"])

@@ -28,15 +28,18 @@ def _demo_extra() -> list[str]:
     return list(tomllib.loads(text)["project"]["optional-dependencies"]["demo"])
 
 
-@pytest.mark.parametrize("name", ["datasets", "webdataset", "wids", "transformers"])
-def test_the_demo_hint_and_extra_repeat_the_shims_range(name: str) -> None:
+@pytest.mark.parametrize(("name", "module"), [("datasets", "datasets"), ("webdataset", "webdataset"),
+                                              ("wids", "wids"), ("transformers", "transformers"),
+                                              ("modelscope", "modelscope_hub"), ("megatron", "megatron"),
+                                              ("tvm_ffi", "tvm_ffi")])
+def test_the_demo_hint_and_extra_repeat_the_shims_range(name: str, module: str) -> None:
+    """``module``: what the demo's scenario imports, keying its install hint."""
     shim = activation.shim_states()[name].shim
     if name == "wids":  # its own distribution's range, whatever provides `wids` here
         from sharedfs.shims.wids import SUPPORTED
 
-        supported = SUPPORTED["wids"]
+        distribution, supported = "wids", SUPPORTED["wids"]
     else:
-        assert shim.distribution == name
-        supported = shim.supported
-    assert DISTRIBUTIONS[name] == f"{name}{supported}"
-    assert f"{name}{supported}" in _demo_extra()
+        distribution, supported = shim.distribution, shim.supported
+    assert DISTRIBUTIONS[module] == f"{distribution}{supported}"
+    assert f"{distribution}{supported}" in _demo_extra()
