@@ -418,7 +418,16 @@ def _held_tree(lay: Layout) -> Directory | None:
     entries (ENOENT), and the caller makes it again.
     """
     held = None if lay.inside else _held.get(lay.root)
-    return Directory(os.dup(held[0]), lay.root) if held is not None else None
+    if held is None:
+        return None
+    try:
+        tree = Directory(os.dup(held[0]), lay.root)
+    except OSError:
+        return None  # closed by someone (a forked child that closed its fds): entered by name, identity checked
+    if identity(tree.fd) != held[1:]:  # closed and the number reused: likewise
+        tree.close()
+        return None
+    return tree
 
 
 def _what_is(path: str) -> str:
