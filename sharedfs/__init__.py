@@ -48,6 +48,7 @@ _LAZY = {
     "__version__": "_version",
     "ConfigError": "errors",
     "LockTimeout": "errors",
+    "NoSafeLockError": "errors",
     "SharedFSError": "errors",
     "UnsafeDirectoryError": "errors",
     "WaitTimeout": "errors",
