@@ -29,8 +29,10 @@ The demo's scenarios (each run without and with sharedfs):
   programs; the larger ones have a module each:
   :mod:`~sharedfs.testing.scenario_makedirs`, :mod:`~sharedfs.testing.scenario_team_modules`,
   :mod:`~sharedfs.testing.scenario_torch` (with ``torch_ext/``),
-  :mod:`~sharedfs.testing.scenario_triton`, and :mod:`~sharedfs.testing.olmo_core_job` (with
-  its rank program :mod:`~sharedfs.testing.olmo_core_rank` and ``olmo_core_requirements.txt``).
+  :mod:`~sharedfs.testing.scenario_triton`, :mod:`~sharedfs.testing.scenario_modelscope`,
+  :mod:`~sharedfs.testing.scenario_megatron`, :mod:`~sharedfs.testing.scenario_tvm_ffi`, and
+  :mod:`~sharedfs.testing.olmo_core_job` (with its rank program
+  :mod:`~sharedfs.testing.olmo_core_rank` and ``olmo_core_requirements.txt``).
 
 Standard library and sharedfs's own dependencies only; the frameworks are imported by the
 programs the scenarios start, mfusepy by the FUSE server process.
