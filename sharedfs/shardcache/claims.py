@@ -91,14 +91,15 @@ def _create_record(where: Directory, name: str, record: HolderRecord, what: str,
 def _read_record(path: str, *, dir_fd: int | None = None) -> tuple[HolderRecord | None, float]:
     """The record at ``path`` (``None`` if it is not one we could have written) and when it last changed.
 
-    Raises FileNotFoundError when ``path`` is gone.  With ``dir_fd``, ``path`` is a name in that directory.
+    Raises FileNotFoundError when ``path`` is gone, and ESTALE when the name stays stale through
+    :func:`~sharedfs.fs.stale.retry` ("cannot tell").  With ``dir_fd``, ``path`` is a name in that directory.
     """
     got = read_untrusted(path, dir_fd=dir_fd)
     if got is not None:
         data, st = got
         return HolderRecord.parse(data), st.st_mtime
     # A symlink, a FIFO, oversized or unreadable: its own age.
-    return None, os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+    return None, stale.retry(lambda: os.stat(path, dir_fd=dir_fd, follow_symlinks=False)).st_mtime
 
 
 def _alive(path: str, policy: Policy, *, now: float | None = None, dir_fd: int | None = None) -> bool:
@@ -108,6 +109,10 @@ def _alive(path: str, policy: Policy, *, now: float | None = None, dir_fd: int |
         record, changed = _read_record(path, dir_fd=dir_fd)
     except FileNotFoundError:
         return False  # released while we looked
+    except OSError as exc:
+        if stale.is_stale(exc):
+            return True  # stale through every retry: cannot tell, so the shard is kept
+        raise
     if record is None:
         # Half-written or not visible yet, or garbled for good (ENOSPC, a killed writer, a
         # planted file): keep the shard for a bounded time only.
@@ -273,16 +278,28 @@ class _Claim:
         assert self.fd is not None
         data = record.to_bytes()
         # Overwrite, then cut: no moment without allocated blocks, so a full disk cannot fail it halfway.
-        os.pwrite(self.fd, data, 0)
-        os.ftruncate(self.fd, len(data))
-        os.fsync(self.fd)  # the claim promises a shard: the promise must not outlive a crash half-written
-        os.close(self.fd)
-        self.fd = None
+        try:
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
+            os.fsync(self.fd)  # the claim promises a shard: the promise must not outlive a crash half-written
+        except OSError as exc:
+            if not stale.is_stale(exc):
+                raise  # the caller abandons the claim: removed, as a claim that cannot be written is
+            # Another client removed or replaced the claim: the shard is in place already, nothing left to promise.
+        fd, self.fd = self.fd, None
+        stale.close(fd)
         self.where.close()
 
     def abandon(self) -> None:
         if self.fd is not None:
-            self.where.discard_if_same(self.name, identity(self.fd))
+            try:
+                held = identity(self.fd)
+            except OSError as exc:
+                if not stale.is_stale(exc):
+                    raise
+                held = None  # another client removed or replaced it: no name of ours is left to remove
+            if held is not None:
+                self.where.discard_if_same(self.name, held)
             stale.close(self.fd)
             self.fd = None
         self.where.close()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError
+from sharedfs.fs import stale
 from sharedfs.fs.directory import Directory, Identity, identity
 from sharedfs.fs.publish import Publication, Replaced
 from sharedfs.fs.safefile import NOFOLLOW
@@ -168,7 +169,13 @@ def _remove_downloads(tmp: Directory, shard_key: str) -> None:
     process that died.  Other users' directories are private to them (their next evictor removes them).
     Each is entered and emptied by descriptor, and removed only while its name still is it.
     """
-    for entry in tmp.listing():
+    try:
+        entries = tmp.listing()
+    except OSError as exc:
+        if not stale.gone(exc):
+            raise
+        return  # tmp/ removed or replaced by another client: no download of ours is left in it
+    for entry in entries:
         if not entry.name.startswith(shard_key + "."):
             continue
         try:

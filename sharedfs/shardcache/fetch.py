@@ -13,6 +13,7 @@ import time
 from typing import IO, TYPE_CHECKING, Callable
 
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
+from sharedfs.fs import stale
 from sharedfs.fs.directory import identity
 from sharedfs.model.records import HolderRecord
 from sharedfs.shardcache.claims import InUse, _Claim, _claim_state
@@ -54,7 +55,7 @@ def open_shard(dest: str, download: Download, *, mode: str = "rb", validate: Cal
     marker = InUse(dest, current)
     try:
         try:  # fast path: a published shard is complete (atomic rename), just open it
-            return open(dest, mode), marker
+            return _open_published(dest, mode), marker
         except FileNotFoundError:
             pass
         # One process per node goes for the shard lock; the node's others wait their turn on
@@ -64,15 +65,26 @@ def open_shard(dest: str, download: Download, *, mode: str = "rb", validate: Cal
         from sharedfs.cluster import gates
         with gates.turn(f"shard:{os.path.abspath(dest)}"):
             try:
-                return open(dest, mode), marker
+                return _open_published(dest, mode), marker
             except FileNotFoundError:
                 pass
             with shard_lock(dest, policy=current):
                 ensure(dest, download, validate=validate, policy=current)
-                return open(dest, mode), marker
+                return _open_published(dest, mode), marker
     except BaseException:
         marker.release()
         raise
+
+
+def _open_published(dest: str, mode: str) -> IO:
+    """``open(dest, mode)``, asked again through the name on ESTALE (a shard another client replaced).
+
+    A name stale every time is a miss (:class:`FileNotFoundError`): the caller downloads under the lock.
+    """
+    try:
+        return stale.retry(lambda: open(dest, mode))
+    except OSError as exc:
+        raise stale.vanished(exc, dest) from None
 
 
 def ensure(dest: str, download: Download, *, validate: Callable[[str], None] | None = None,

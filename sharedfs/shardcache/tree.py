@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
-from sharedfs.fs import trustedpath
+from sharedfs.fs import stale, trustedpath
 from sharedfs.fs.directory import Changed, Directory, identity
 from sharedfs.fs.safefile import NOFOLLOW
 from sharedfs.model.records import user_name
@@ -201,9 +201,11 @@ def _drop_tree(lay: Layout, fd: int, dev: int, ino: int) -> None:
         return
     try:
         try:
-            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return  # removed by someone else, or moved away with the cache: nothing here is ours to remove
+            st = stale.retry(lambda: os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
+        except OSError as exc:
+            if stale.gone(exc):  # removed or moved away (or stale every time: cannot tell): nothing is removed
+                return
+            raise
         if (st.st_dev, st.st_ino) != (dev, ino):
             _say_left(lay.root, f"it is not the coordination directory this process used for {lay.cache} (that "
                                 "was moved away, and something else was put at its name)")
@@ -374,11 +376,11 @@ def open_cache(cache_dir: str, policy: Policy | None = None) -> Directory:
         raise Swapped(planted)
     held = _cache_ids.get(absolute)
     try:
-        fd = os.open(real, _DIR_FLAGS)
+        fd = stale.retry(lambda: os.open(real, _DIR_FLAGS))
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise Swapped(f"{real} is now {_what_is(real)}, not the directory this process used as the cache") from None
-        raise
+        raise stale.vanished(exc, real) from None  # replaced by another client every time we asked: gone here
     st = os.fstat(fd)
     if held != (st.st_dev, st.st_ino, st.st_uid):
         os.close(fd)
@@ -399,16 +401,29 @@ def open_part(lay: Layout, name: str, cache: Directory | None = None) -> Directo
     :class:`FileNotFoundError` when it is missing.
     """
     with _open_tree(lay, cache) as tree:
-        return tree.subdirectory(name)
+        return _subdirectory(tree, name)
 
 
 def _open_tree(lay: Layout, cache: Directory | None) -> Directory:
     if lay.inside and cache is not None:
-        return cache.subdirectory(META)
+        return _subdirectory(cache, META)
     parent, name = os.path.split(lay.root)
     held = None if lay.inside else _held.get(lay.root)
     with Directory.open(parent) as up:
-        return up.subdirectory(name, (held[1], held[2]) if held is not None else None)
+        return _subdirectory(up, name, (held[1], held[2]) if held is not None else None)
+
+
+def _subdirectory(where: Directory, name: str, expect: tuple[int, int] | None = None) -> Directory:
+    """``where.subdirectory``, asked again through the name on ESTALE; stale every time, :class:`FileNotFoundError`.
+
+    A directory another client removed or replaced is missing here, and the caller makes it again.
+    """
+    try:
+        return stale.retry(lambda: where.subdirectory(name, expect))
+    except Changed:
+        raise  # not the directory expected (its errno is ESTALE too): never taken for a vanished one
+    except OSError as exc:
+        raise stale.vanished(exc, where.join(name)) from None
 
 
 def _held_tree(lay: Layout) -> Directory | None:
@@ -424,7 +439,14 @@ def _held_tree(lay: Layout) -> Directory | None:
         tree = Directory(os.dup(held[0]), lay.root)
     except OSError:
         return None  # closed by someone (a forked child that closed its fds): entered by name, identity checked
-    if identity(tree.fd) != held[1:]:  # closed and the number reused: likewise
+    try:
+        same = identity(tree.fd) == held[1:]  # closed and the number reused: likewise
+    except OSError as exc:
+        if not stale.is_stale(exc):
+            tree.close()
+            raise
+        same = False  # removed by another client: entered by name, and made again if missing
+    if not same:
         tree.close()
         return None
     return tree
@@ -449,9 +471,11 @@ def _is_dir(path: str) -> bool:
 
 def _sibling_usable(sibling: str, real: str, cache_st: os.stat_result) -> bool:
     try:
-        st = os.lstat(sibling)
-    except FileNotFoundError:
-        return False
+        st = stale.retry(lambda: os.lstat(sibling))
+    except OSError as exc:
+        if stale.gone(exc):
+            return False
+        raise
     if not stat.S_ISDIR(st.st_mode):
         return False  # a symlink or a file: never followed; _sibling_refused says why
     return not _world_writable(os.path.dirname(real)) or st.st_uid == cache_st.st_uid
@@ -473,8 +497,10 @@ def _sibling_refused(real: str, sibling: str, cache_st: os.stat_result) -> str |
         return (f"{real} is a mount point, so its parent {parent} is another filesystem, which other nodes "
                 "may not share")
     try:
-        st = os.lstat(sibling)
-    except FileNotFoundError:
+        st = stale.retry(lambda: os.lstat(sibling))
+    except OSError as exc:
+        if not stale.gone(exc):
+            raise
         st = None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         return f"{sibling} exists and is not a directory (a symlink is never followed); remove it"
@@ -565,7 +591,11 @@ def _mirror_fd(made: Directory, cache_st: os.stat_result, team: TeamCache | None
     member could swap the new directory for a symlink to one of ours between our mkdir
     and a chmod, which would then open up our own directory.
     """
-    if made.stat().st_uid != os.geteuid():
+    try:
+        owner = made.stat().st_uid
+    except OSError as exc:
+        raise stale.vanished(exc, made.path) from None  # removed by another client since: made again by the caller
+    if owner != os.geteuid():
         raise UnsafeDirectoryError(f"{made.path} was replaced right after this process created it; "
                                    "someone with write access to the cache is interfering")
     try:
@@ -574,7 +604,10 @@ def _mirror_fd(made: Directory, cache_st: os.stat_result, team: TeamCache | None
         pass  # not a member of that group: the directory keeps ours
     # Never the sticky bit: evictors remove other users' stale markers and claims.
     mode = (stat.S_IMODE(cache_st.st_mode) & 0o2777) | 0o700
-    os.fchmod(made.fd, teamfiles.group_mode(mode, True) if team is not None else mode)
+    try:
+        os.fchmod(made.fd, teamfiles.group_mode(mode, True) if team is not None else mode)
+    except OSError as exc:
+        raise stale.vanished(exc, made.path) from None
 
 
 def _opened_at(fd: int, path: str) -> bool:
@@ -635,14 +668,14 @@ def _enter(lay: Layout, cache_dir: str, name: str, policy: Policy | None) -> Dir
     try:
         with _held_tree(lay) or _open_tree(lay, cache) as tree:
             try:
-                return tree.subdirectory(name)
+                return _subdirectory(tree, name)
             except FileNotFoundError:
                 pass
             try:
                 os.mkdir(name, 0o700, dir_fd=tree.fd)
             except FileExistsError:
-                return tree.subdirectory(name)
-            part = tree.subdirectory(name)
+                return _subdirectory(tree, name)
+            part = _subdirectory(tree, name)
             try:
                 _mirror_fd(part, tree.stat(), lay.team)  # the tree has the cache's group and mode already
             except BaseException:
