@@ -199,13 +199,16 @@ def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: 
     base = os.path.basename(path)
     temp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
-        fd = create_record(temp, payload, 0o666)
-    except FileNotFoundError:
-        # The key directory is not visible here (yet): made by another node a moment ago.
+        fd = stale.retry(lambda: create_record(temp, payload, 0o666))
+    except OSError as exc:
+        if not stale.gone(exc):
+            raise
+        # The key directory is not visible here (yet): made by another node a moment ago, or replaced by one
+        # (ESTALE through every retry: this node's handle of it names the directory that went).
         from sharedfs.cluster.dirs import makedirs
 
         makedirs(directory)
-        fd = create_record(temp, payload, 0o666)
+        fd = stale.retry(lambda: create_record(temp, payload, 0o666))
     held = identity(fd)
     try:
         os.fsync(fd)

@@ -68,6 +68,7 @@ from typing import Any, Callable
 from sharedfs.cluster import teamfiles
 from sharedfs.cluster.dirs import wait_for
 from sharedfs.errors import SharedFSError
+from sharedfs.fs import stale
 from sharedfs.fs.publish import Replaced, fsync_dir
 from sharedfs.fs.recordfile import discard_if_same, identity, same_file
 from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
@@ -246,7 +247,7 @@ def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], polic
                 write_all(fd, chunk)
         except BaseException:
             discard_if_same(temp, held)
-            os.close(fd)
+            stale.close(fd)
             raise
     try:
         if check is not None:
@@ -272,7 +273,7 @@ def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], polic
         discard_if_same(temp, held)
         raise
     finally:
-        os.close(fd)
+        stale.close(fd)  # ESTALE: another node replaced what we published; the descriptor is freed all the same
     fsync_dir(directory)
     teamfiles.give(dst)  # in a team cache: the group's to read, as every file the framework makes there
 

@@ -36,6 +36,7 @@ from pathlib import PurePath
 
 from sharedfs.cluster import teamfiles
 from sharedfs.errors import SharedFSError
+from sharedfs.fs import stale
 from sharedfs.fs.safefile import NOFOLLOW
 
 __all__ = ["MAX_FILES", "UnsafeModuleError", "check_import"]
@@ -65,6 +66,13 @@ def _refuse(what: str, path: str, st: os.stat_result, why: str, fix: str) -> Uns
         f"or set HF_MODULES_CACHE to a directory of your own")
 
 
+def _unseen(what: str, path: str) -> UnsafeModuleError:
+    """A code file that answers ESTALE through every retry: it cannot be checked, so it is not imported."""
+    return UnsafeModuleError(
+        f"sharedfs: refusing to import {what} {path}: another node replaced it while it was checked (stale file "
+        "handle every time), so it could not be checked; run again once the other node's write is done")
+
+
 def _repair(dir_fd: int, name: str | None, want: int) -> bool:
     """Give this user's entry (``name`` in ``dir_fd``, or ``dir_fd`` itself) the mode ``want``, by descriptor."""
     try:
@@ -83,7 +91,7 @@ def _repair(dir_fd: int, name: str | None, want: int) -> bool:
     except OSError:
         return False
     finally:
-        os.close(fd)
+        stale.close(fd)
 
 
 def _check_dir(fd: int, path: str) -> None:
@@ -116,9 +124,13 @@ def _check_file(dir_fd: int, dir_path: str, name: str, *, source_owner: int | No
     path = os.path.join(dir_path, name)
     what = "the module file" if source_owner is None else "the bytecode file"
     try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        st = stale.retry(lambda: os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if stale.is_stale(exc):
+            raise _unseen(what, path) from None  # replaced every time we looked: never trusted unchecked
+        raise
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(what, path, st, "it is not a regular file", "remove it")
     if st.st_nlink != 1:
@@ -141,10 +153,12 @@ def _check_bytecode(dir_fd: int, dir_path: str, name: str, source: os.stat_resul
         return  # bytecode goes to the user's own PYTHONPYCACHEPREFIX, not beside the module
     cached = PurePath(importlib.util.cache_from_source(name))
     try:
-        fd = os.open(cached.parent.name, _DIR, dir_fd=dir_fd)
+        fd = stale.retry(lambda: os.open(cached.parent.name, _DIR, dir_fd=dir_fd))
     except FileNotFoundError:
         return
     except OSError as exc:
+        if stale.is_stale(exc):
+            raise _unseen("bytecode from", os.path.join(dir_path, cached.parent.name)) from None
         if exc.errno in (errno.ENOTDIR, errno.ELOOP):
             st = os.stat(cached.parent.name, dir_fd=dir_fd, follow_symlinks=False)
             raise _refuse("bytecode from", os.path.join(dir_path, cached.parent.name), st,
