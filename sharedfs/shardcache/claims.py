@@ -191,7 +191,7 @@ def _release_part(lay: Layout) -> Directory:
     if not lay.inside:
         return open_part(lay, "inuse")
     try:
-        cache = open_cache(lay.cache)
+        cache = open_cache(lay.cache, evicting=False)
     except Swapped as why:
         raise Changed(errno.ESTALE, str(why), lay.cache) from None
     with cache:

@@ -144,7 +144,7 @@ def _fetch(dest: str, cache_dir: str, download: Download, validate: Callable[[st
         private.fsync(name)
         if validate is not None:
             validate(private.file(name))
-        with open_cache(cache_dir, policy) as cache:  # the directory this process used, or Swapped
+        with open_cache(cache_dir, policy, evicting=False) as cache:  # the directory this process used, or Swapped
             _publish(private, name, dest, cache, lay.team)
         claim.publish(HolderRecord.mine(policy.node_id, "published"))
     except BaseException:

@@ -362,17 +362,19 @@ def _note_cache(absolute: str, real: str) -> None:
     _cache_ids[absolute] = (st.st_dev, st.st_ino, st.st_uid)
 
 
-def open_cache(cache_dir: str, policy: Policy | None = None) -> Directory:
+def open_cache(cache_dir: str, policy: Policy | None = None, *, evicting: bool = True) -> Directory:
     """``cache_dir`` open by descriptor, proven to be the directory this process first used (or made) there.
 
-    Shards are looked at and removed only through it.  Raises :class:`Swapped`, saying why, when the
-    cache is reached through a symlink someone else may have planted (:mod:`sharedfs.fs.trustedpath`),
-    when its name is a symlink now (``O_NOFOLLOW``), or when another directory (device, inode, owner)
-    took its place; :class:`FileNotFoundError` when it is gone.
+    Shards are looked at and removed only through it.  Raises :class:`Swapped`, saying why, when its
+    name is a symlink now (``O_NOFOLLOW``) or another directory (device, inode, owner) took its place;
+    when ``evicting``, also when the cache is reached through a symlink someone else may have planted
+    (:mod:`sharedfs.fs.trustedpath`): the job may still read and write the path it was given, as the
+    stock framework does, but nothing there is removed to fit a size.  :class:`FileNotFoundError`
+    when it is gone.
     """
     absolute = os.path.abspath(cache_dir)
     real, _, _, planted = _paths(absolute, policy)
-    if planted is not None:
+    if planted is not None and evicting:
         raise Swapped(planted)
     held = _cache_ids.get(absolute)
     try:
@@ -664,7 +666,7 @@ def _tree(cache_dir: str, name: str, policy: Policy | None) -> tuple[Layout, Dir
 
 
 def _enter(lay: Layout, cache_dir: str, name: str, policy: Policy | None) -> Directory:
-    cache = open_cache(cache_dir, policy) if lay.inside else None
+    cache = open_cache(cache_dir, policy, evicting=False) if lay.inside else None
     try:
         with _held_tree(lay) or _open_tree(lay, cache) as tree:
             try:
