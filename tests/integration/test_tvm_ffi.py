@@ -44,6 +44,14 @@ def _outcome(result: NodeResult) -> dict:
     return {"ok": False, "hung": result.returncode == -9, "error": result.stderr[-2000:] or None}
 
 
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    """clean_env without the runner's own TVM_FFI_CACHE_DIR: sharedfs in this pytest worker may have placed
+    one (another test's node-local policy), and tvm-ffi would then build there, off the mount under test."""
+    env = clean_env()
+    env.pop("TVM_FFI_CACHE_DIR", None)
+    return {**env, **extra}
+
+
 def build_on_nodes(home: Path, tmp_path: Path, tag: str, extra: dict[str, str], *, sync: bool = False,
                    timeout: float = 300) -> tuple[list[dict], Counter[str]]:
     """Every process's outcome (``hung``: killed after ``timeout``) and the compiles per build directory's cache."""
@@ -55,7 +63,7 @@ def build_on_nodes(home: Path, tmp_path: Path, tag: str, extra: dict[str, str], 
     if sync:
         (tmp_path / f"{tag}.sync").mkdir()
         args += ["--sync", str(tmp_path / f"{tag}.sync")]
-    env = clean_env({"HOME": str(home), "CXX": str(cxx), **extra})
+    env = _env({"HOME": str(home), "CXX": str(cxx), **extra})
     try:
         results = run_on_nodes(args, NODES, env=env, timeout=timeout, cwd="/")
     except NodesTimeout as exc:
@@ -151,7 +159,7 @@ def test_lagging_metadata_fails_the_cache_mkdir_stock_and_never_with_sharedfs(ho
 
 
 def _lock_process(node: str, path: Path, disabled: bool) -> NodeProcess:
-    process = NodeProcess(node, env=clean_env({"SHAREDFS_DISABLE": "tvm_ffi"} if disabled else {}))
+    process = NodeProcess(node, env=_env({"SHAREDFS_DISABLE": "tvm_ffi"} if disabled else {}))
     process.run(f"from tvm_ffi.cpp import extension; lock = extension.FileLock({str(path)!r})")
     return process
 
