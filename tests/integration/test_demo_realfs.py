@@ -21,7 +21,8 @@ from helpers import clean_env
 
 from sharedfs.testing.pytest.realfs import require_realfs
 
-pytestmark = pytest.mark.slow
+# xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]
 
 FLOCK = "flock that excludes one node only (GPFS, localflock)"
 MAKEDIRS = "6 ranks makedirs on a lagging filesystem"

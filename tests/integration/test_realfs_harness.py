@@ -12,6 +12,9 @@ import pytest
 from sharedfs.testing.pytest.realfs import require_realfs
 from sharedfs.testing.realfs import KINDS, LAG_S, Volume, volume
 
+# xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
+pytestmark = pytest.mark.xdist_group("realfs")
+
 
 def _seen_after(vol: Volume, name: str) -> float:
     """Node 1 looks ``name`` up (caching its absence), node 0 creates it: seconds until node 1 sees it."""

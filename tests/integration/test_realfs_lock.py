@@ -28,6 +28,9 @@ from helpers.locktools import count_overlaps
 from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.realfs import Volume
 
+# xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
+pytestmark = pytest.mark.xdist_group("realfs")
+
 #: The commit before ESTALE was read as a vanished file: the old code path these tests show failing.
 BEFORE = "18c02b8"
 PER_NODE, ITERATIONS = 4, 10

@@ -28,7 +28,8 @@ from helpers import ROOT, clean_env
 from sharedfs.testing.pytest.skips import skip_or_fail
 from sharedfs.testing.realfs import Volume
 
-pytestmark = pytest.mark.slow
+# xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]
 
 #: The last commit before FUSE clients were named (fsinfo knew only "fuse").
 OLD = "18c02b8"
