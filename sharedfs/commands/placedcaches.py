@@ -35,8 +35,3 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {row['name']:<16} {row['variable']}={row['path']} [{row['placement']}]")
         lines.append(f"  {'':<16} {row['reason']}")
     return lines
-
-
-def exports(policy: Policy) -> dict[str, str]:
-    """What ``sharedfs env`` adds: the rows the plugins placed (the same values a program exports itself)."""
-    return placedcaches.exports(policy)
