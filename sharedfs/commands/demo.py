@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from sharedfs.model.caches import PLACED_CACHES
 from sharedfs.testing.scenarios import (
     FILESYSTEMS,
     OLD_FILELOCK,
@@ -199,7 +200,11 @@ def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
     if fs == "hostilefs":
         mode = "FUSE filesystems (hostilefs)" if fuse else f"LD_PRELOAD flock faults (no FUSE: {why})"
     progress.line(f"sharedfs demo: {len(chosen)} scenario(s); simulated cluster filesystem = {mode}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHAREDFS_", "HF_", "LD_PRELOAD"))}
+    # The scenarios show each library's default cache, so a placed-cache variable (the user's, or one
+    # sharedfs exported into this process) would move it off the simulated filesystem: seen on CI.
+    placed = {row.variable for row in PLACED_CACHES}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SHAREDFS_", "HF_", "LD_PRELOAD")) and k not in placed}
     results = []
     with tempfile.TemporaryDirectory(prefix="sharedfs-demo-") as work, ExitStack() as stack:
         env["HF_HOME"] = str(Path(work) / "hf-home")
