@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -299,13 +300,18 @@ def datasets_enolck(sim: Sim) -> tuple[Outcome, Outcome]:
 
 COUNTER = """
     import json, os, sys, time
-    lock_file, counter, which = sys.argv[1], sys.argv[2], sys.argv[3]
+    lock_file, counter, which, gate, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
     if which == "sharedfs":
         import sharedfs
         lock = sharedfs.lock(lock_file)
     else:
         import filelock
         lock = filelock.FileLock(lock_file)
+    # Start together: on a loaded machine the first processes could otherwise finish before the last start.
+    open(os.path.join(gate, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(gate)) < count and time.monotonic() < deadline:
+        time.sleep(0.005)
     holds = []  # (entered, left, value read, value written): what the scenario's cause is derived from
     for _ in range(10):
         with lock:
@@ -368,11 +374,20 @@ def _counter_run(sim: Sim, which: str) -> Outcome:
     if sim.real:  # one client mount per node: a process reaches the volume through its node's own mount
         dirs = sim.node_dirs()
         env = dict(sim.base_env)
+        # The lock file exists on every node before the start, as after a first run: else a lagging mount's
+        # negative entry cache holds the second node's open(O_CREAT) for its 3 s while the first node's
+        # processes finish all their holds, and the run shows no overlap whatever the locks do.
+        (dirs[0] / "c.lock").touch()
+        deadline = time.monotonic() + 30
+        while not all((d / "c.lock").exists() for d in dirs) and time.monotonic() < deadline:
+            time.sleep(0.1)
     else:
         path, env = sim.shared_dir("localflock")
         dirs = [path, path]
+    gate = Path(tempfile.mkdtemp(prefix=f"gate-{which}-", dir=sim.work))  # local: every process sees it at once
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COUNTER), str(dirs[i % 2] / "c.lock"),
-                               str(dirs[i % 2] / "count"), which], env={**env, "SHAREDFS_NODE_ID": f"node{i % 2}"},
+                               str(dirs[i % 2] / "count"), which, str(gate), str(COUNTER_PROCESSES)],
+                              env={**env, "SHAREDFS_NODE_ID": f"node{i % 2}"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(COUNTER_PROCESSES)]
     done = [p.communicate(timeout=300) for p in procs]
