@@ -147,6 +147,18 @@ class Registry:
             self.pm.check_pending()
         return [shim for shims in self.pm.hook.sharedfs_register_shims() for shim in shims]
 
+    def block(self, names: Iterable[str]) -> bool:
+        """Block the plugins and built-in shims ``names`` names, as ``SHAREDFS_DISABLE`` does at registration,
+        for a ``disable`` read later (the config file, :func:`sharedfs.configure`).  True when one was newly
+        blocked.  ``settings`` stays: it reads the config file that would block it (only the variable can)."""
+        new = {name for name in names
+               if name not in self.blocked and name != "settings"
+               and (self.pm.has_plugin(name) or name in BUILTIN_SHIMS or name in self.entry_point_names)}
+        for name in new:
+            self.pm.set_blocked(name)  # unregisters it when registered
+        self.blocked = self.blocked | new
+        return bool(new)
+
     def known_names(self) -> frozenset[str]:
         """Every name ``SHAREDFS_DISABLE`` can mean: the built-in plugins and shims (a framework's name
         and each of its shims' full names, ``mmengine.runner``), third-party plugins and their shims."""

@@ -71,7 +71,7 @@ def policy(**overrides: Any) -> Policy:
             resolved = resolve(layers)
             if overrides:
                 return resolved
-            state.policy = resolved
+            state.policy = _block_disabled(state, resolved)
             log.setLevel(log_level(resolved.log))
         return state.policy
 
@@ -104,15 +104,30 @@ def set_explicit(settings: dict[str, Any]) -> Policy:
         if unknown is not None:  # the program's own call: refused, as any other bad value
             raise unknown
         state.explicit.update(settings)
-        state.policy = candidate
+        state.policy = candidate = _block_disabled(state, candidate)
         log.setLevel(log_level(candidate.log))
         return candidate
 
 
+def _block_disabled(state: _State, resolved: Policy) -> Policy:
+    """``resolved`` once the plugins its ``disable`` names are blocked, whichever source named them.
+
+    The variable blocks them before they register (:func:`_get_state`); the config file and
+    :func:`configure` are read through the registry, so they block here, and the policy is resolved
+    again without what the blocked plugins said (the slurm plugin's node name, say).
+    """
+    if not state.registry.block(resolved.disable):
+        return resolved
+    layers = state.registry.settings_layers(os.environ)
+    if state.explicit:
+        layers.append(explicit_layer(state.explicit))
+    return resolve(layers)
+
+
 def identity() -> ProcessIdentity:
     """This process's rank/node identity (re-asked each time: torch.distributed may start late)."""
+    node = policy().node_id  # first: the policy blocks the plugins its ``disable`` names
     answer = registry().process_identity(os.environ)
-    node = policy().node_id
     if answer is None:
         return ProcessIdentity(node_id=node)
     return answer if answer.node_id else replace(answer, node_id=node)
