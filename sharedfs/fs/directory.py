@@ -187,8 +187,10 @@ class Directory:
             if identity(st) != held or stat.S_ISDIR(st.st_mode):
                 return False
             os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            return False
+        except OSError as exc:
+            if stale.gone(exc):  # ESTALE: another client removed or replaced it meanwhile
+                return False
+            raise
         return True
 
     def discard_if_same(self, name: str, held: Identity) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from sharedfs.errors import LockTimeout
 from sharedfs.fs.directory import Changed, Directory, Identity, identity
+from sharedfs.fs.stale import gone as vanished
 from sharedfs.shardcache.claims import GARBLED_GRACE, _read_record, live_markers, readers
 from sharedfs.shardcache.downloads import _remove_downloads
 from sharedfs.shardcache.fetch import shard_lock
@@ -346,8 +347,10 @@ def _sweep_claim(claims: Directory, name: str, now: float) -> None:
     try:
         judged = identity(claims.lstat(name))
         record, changed = _read_record(name, dir_fd=claims.fd)
-    except FileNotFoundError:
-        return
+    except OSError as exc:
+        if vanished(exc):  # ESTALE through every retry included: cannot tell, so the claim stays
+            return
+        raise
     if record is None:
         gone = now - changed > GARBLED_GRACE  # not a record (ENOSPC, a killed writer, a planted file)
     elif record.kind != "published":
