@@ -6,6 +6,8 @@ import importlib
 import os
 from pathlib import Path
 
+from sharedfs.model.caches import PLACED_CACHES
+
 __all__ = ["ROOT", "clean_env", "require"]
 
 #: The sharedfs checkout under test.
@@ -18,10 +20,17 @@ ROOT = Path(__file__).resolve().parents[2]
 KEPT = frozenset({"SHAREDFS_TEST_VENV_CACHE"})
 
 
+#: The placed caches' variables: sharedfs in the test runner itself exports them once a test imports Triton,
+#: tvm-ffi, ... (a child would then find its library's cache already moved, whatever the test set up).
+PLACED = frozenset(row.variable for row in PLACED_CACHES)
+
+
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The test runner's environment without any SHAREDFS_* (but :data:`KEPT`) or PYTHON* leaking into children."""
+    """The test runner's environment without any SHAREDFS_* (but :data:`KEPT`), PYTHON* or placed-cache variable
+    leaking into children."""
     env = {k: v for k, v in os.environ.items()
-           if k in KEPT or (not k.startswith(("SHAREDFS_", "PYTHON", "HF_", "WDS_", "WIDS_")) and k != "LD_PRELOAD")}
+           if k in KEPT or (not k.startswith(("SHAREDFS_", "PYTHON", "HF_", "WDS_", "WIDS_"))
+                            and k != "LD_PRELOAD" and k not in PLACED)}
     env.update(extra or {})
     return env
 
