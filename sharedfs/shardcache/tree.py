@@ -507,10 +507,11 @@ def _sibling_refused(real: str, sibling: str, cache_st: os.stat_result) -> str |
     if st is not None and not stat.S_ISDIR(st.st_mode):
         return f"{sibling} exists and is not a directory (a symlink is never followed); remove it"
     if _world_writable(parent):
-        if st is not None:
+        # The cache owner's sibling, missing a moment ago here (another node's shows late): use it, not the fallback.
+        if st is not None and st.st_uid != cache_st.st_uid:
             return (f"{sibling} in {parent}, which every user may write, is owned by uid {st.st_uid}, "
                     f"not by the cache's owner (uid {cache_st.st_uid}); remove it if nobody should have made it")
-        if os.geteuid() != cache_st.st_uid:
+        if st is None and os.geteuid() != cache_st.st_uid:
             return (f"{parent} is writable by every user and this process does not own {real}, so a "
                     "coordination directory it created there could not be told from a planted one")
     return None
