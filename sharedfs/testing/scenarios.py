@@ -31,8 +31,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import tempfile
+import textwrap
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
