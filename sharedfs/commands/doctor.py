@@ -51,6 +51,14 @@ def lock_choice_or_refusal(lock_file: str, policy: Any) -> Any:
         return LockChoice("none", str(exc))
 
 
+def handover_line(fs: Any) -> str | None:
+    """How long a lock's next holder waits here after a holder on another node, and where that comes from
+    (read from the client, declared by a site plugin, or assumed); ``None`` for storage only this node sees."""
+    from sharedfs.locks import _handover
+
+    return _handover.settle_line(fs) if fs.shared else None
+
+
 def doctor_report(path: str) -> dict[str, Any]:
     from sharedfs.commands.probe import probe
     from sharedfs.machinery import choices, runtime
@@ -66,6 +74,7 @@ def doctor_report(path: str) -> dict[str, Any]:
         "filesystem": {**fs.as_dict(), "safe_lock": auto.kind if auto.kind in ("flock", "posix") else None},
         "probes": probes,
         "lock": {"kind": choice.kind, "reason": choice.reason, "marker": choice.marker},
+        "handover": handover_line(fs),
         "cache": {"mode": current.cache, "source": current.source("cache")},
         "warnings": _doctor_warnings(fs, probes, choice.kind),
         "verdict": _doctor_verdict(path, fs, probes, choice, off=sharedfs_off(current)),
@@ -237,6 +246,8 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
     if verdict.get("across_nodes"):
         lines.append(f"  across     : {verdict['across_nodes']}")
     lines.append(f"  sharedfs   : {verdict.get('sharedfs', report['lock']['kind'])}")
+    if report.get("handover"):
+        lines.append(f"  handover   : {report['handover']}")
     if verdict.get("without_sharedfs"):
         lines.append(f"  without it : {verdict['without_sharedfs']}")
     lines.append(f"  better     : {verdict.get('better', '')}")

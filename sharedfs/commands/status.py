@@ -10,7 +10,13 @@ import sysconfig
 from typing import Any
 
 from sharedfs import __version__
-from sharedfs.commands.doctor import conflict_lines, filesystem_name, lock_choice_or_refusal, nearest_directory
+from sharedfs.commands.doctor import (
+    conflict_lines,
+    filesystem_name,
+    handover_line,
+    lock_choice_or_refusal,
+    nearest_directory,
+)
 from sharedfs.commands.exits import EXIT_OK, EXIT_USAGE, error_line, stderr_line
 
 
@@ -151,7 +157,8 @@ def _path_row(path: str, current: Any) -> dict[str, Any]:
         fs = choices.filesystem(where)
     except Exception as exc:  # noqa: BLE001 - one unusable path must not hide the rest of the report
         return {"path": path, "error": f"{type(exc).__name__}: {exc}"}
-    row: dict[str, Any] = {"path": path, "name": filesystem_name(fs), "filesystem": fs.as_dict()}
+    row: dict[str, Any] = {"path": path, "name": filesystem_name(fs), "filesystem": fs.as_dict(),
+                           "handover": handover_line(fs)}
     if current is not None:
         choice = lock_choice_or_refusal(os.path.join(where, ".sharedfs-status.lock"), current)
         row["lock"] = {"kind": choice.kind, "reason": choice.reason, "marker": choice.marker}
@@ -295,6 +302,8 @@ def _path_lines(row: dict[str, Any]) -> list[str]:
         kind = "NO lock (every lock taken here fails with NoSafeLockError)" if row["lock"]["kind"] == "none" \
             else row["lock"]["kind"]
         lines.append(f"  sharedfs   : {kind} ({row['lock']['reason']})")
+    if row.get("handover"):
+        lines.append(f"  handover   : {row['handover']}")
     lines.extend(f"  note       : {note}" for note in fs["notes"])
     return lines
 

@@ -11,12 +11,13 @@ measurements).  The lock cannot know which names its holder touched, so the rule
 * the next holder reads it before ``acquire()`` returns: written by its own node (one kernel,
   one cache) or by nobody yet, it goes on at once; otherwise (another node, or cannot tell) it
   holds the lock for the longest metadata cache timeout the mount declares, after which every
-  entry cached before the previous holder's writes has expired;
+  entry cached before the previous holder's writes has expired (read from the client; else declared
+  by a site plugin, :attr:`FsInfo.cache_seconds`; else, cannot tell, :data:`MAX_SETTLE`: see :func:`settle`);
 * a waiter that waited :data:`ASK_AFTER` seconds writes ``<lock>.want``; a holder of another node
   that finds it lets go again (for at most :data:`HONOUR_FOR` per ask), so waiters on the
   holder's node, which see a release first, cannot starve another node's.
 
-Mounts that declare no cache timeout pay nothing: the lock has no :class:`Handover` there.
+Mounts whose clients keep no metadata cache pay nothing: the lock has no :class:`Handover` there.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import re
 import stat
 import threading
 import time
+from typing import NamedTuple
 
 from sharedfs.fs.directory import Directory, identity
 from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
@@ -56,7 +58,7 @@ _RECORD = re.compile(rb"sharedfs (last|want) node=([0-9a-f]{16})\n *")
 _HOSTILEFS = FuseClient("hostilefs", "fuse", ("fuse.hostilefs",), "node-local", "node-local", True, True,
                         daemons=("hostilefs.py",), caches=(("profile", None), ("lag-ms", "2000")))
 
-_settles: dict[tuple[int, str], float] = {}
+_settles: dict[tuple[int, str], Settle] = {}
 _guard = threading.Lock()
 _said: set[str] = set()
 
@@ -69,39 +71,105 @@ class Yield(Exception):
     """A waiter on another node asked for a turn: this acquisition lets go and waits instead."""
 
 
+#: Where a mount's handover wait comes from (:attr:`Settle.source`).
+READ, DECLARED, ASSUMED, NONE = "read", "declared", "assumed", "none"
+
+
+class Settle(NamedTuple):
+    """A mount's handover wait in ``seconds``; ``source`` is one of :data:`READ` :data:`DECLARED`
+    :data:`ASSUMED` :data:`NONE`, ``how`` says from where (read), or why it cannot be read (assumed)."""
+
+    seconds: float
+    source: str
+    how: str
+
+
 def settle_seconds(fs: FsInfo) -> float:
-    """The longest metadata cache timeout the mount of ``fs`` declares (0: none, or not a caching client)."""
+    """How long the next holder after another node's waits on the mount of ``fs`` (0: no wait, no rule)."""
+    found = settle(fs)
+    if found.source == ASSUMED:
+        _say_once(fs.mount.mount_point, "locks on %s: %s", fs.mount.mount_point, settle_line(fs))
+    return found.seconds
+
+
+def settle(fs: FsInfo) -> Settle:
+    """The longest metadata cache timeout of the mount of ``fs``: as its client runs with it where this user can
+    read that; else as a site plugin declares it; else, where a client caches for a time nobody here can read,
+    :data:`MAX_SETTLE` (cannot tell must not mean "no wait").  Cached per mount."""
     mount = fs.mount
     key = (mount.mount_id, mount.mount_point)
     found = _settles.get(key)
     if found is None:
-        found = min(_declared(mount), MAX_SETTLE)
+        found = _settle(fs)
+        found = found._replace(seconds=min(found.seconds, MAX_SETTLE))
         with _guard:
             _settles[key] = found
     return found
 
 
-def _declared(mount: Mount) -> float:
+def _settle(fs: FsInfo) -> Settle:
+    mount = fs.mount
     if mount.fstype == "fuse.hostilefs":
         seen = client_options(mount, _HOSTILEFS) or {}
         if "lagging" not in (seen.get("profile") or "").split("+"):
-            return 0.0
-        return _seconds(seen.get("lag-ms") or "2000") / 1000
+            return Settle(0.0, NONE, "hostilefs without its lagging profile caches nothing")
+        return Settle(_seconds(seen.get("lag-ms") or "2000") / 1000, READ, "hostilefs's --lag-ms")
     client = fuse_client(mount)
-    if client is None or client.bucket:  # a bucket mount gets no lock at all (plugins/locking.py)
-        return 0.0
+    if client is not None and client.bucket:  # a bucket mount gets no lock at all (plugins/locking.py)
+        return Settle(0.0, NONE, "a bucket mount takes no lock")
+    read = _read(mount, client) if client is not None and client.caches else None
+    if read is not None:
+        return Settle(read[0], READ, read[1])
+    if fs.cache_seconds is not None:
+        return Settle(fs.cache_seconds, DECLARED, "a site plugin's FsInfo.cache_seconds")
+    if client is None or not client.caches:
+        return Settle(0.0, NONE, "sharedfs knows no metadata cache of its clients to wait out")
+    return Settle(MAX_SETTLE, ASSUMED, _unreadable(client))
+
+
+def _read(mount: Mount, client: FuseClient) -> tuple[float, str] | None:
+    """The longest cache timeout ``client`` runs with on ``mount`` and where it was read; ``None``: cannot tell."""
     if client.kind == "juicefs":
         declared = _juicefs_config(mount)
         if declared is not None:
-            return declared
+            return declared, "JuiceFS's .config"
     # Options the client runs with (its command line, MooseFS's .params); absent ones have their default.
-    options = mount.client_options or {}
+    options = mount.client_options
+    if options is None:
+        return None
     longest = 0.0
     for name, default in client.caches:
         value = options.get(name) or default
-        if value is not None:
-            longest = max(longest, _seconds(value))
-    return longest
+        if value is None:  # not given, and no documented default: cannot tell
+            return None
+        longest = max(longest, _seconds(value))
+    return longest, (f"{client.name}'s {client.params_file}" if client.params_file
+                     else f"the command line of {client.name}'s client")
+
+
+def _unreadable(client: FuseClient) -> str:
+    if client.params_file:
+        return f"{client.name}'s {client.params_file} is readable by root only"
+    if not client.daemons:
+        return f"{client.name} keeps them in its client's configuration file"
+    if client.kind == "juicefs":
+        return ("JuiceFS's .config is readable by root only, and its client's command line is not readable here "
+                "(another PID namespace, /proc mounted hidepid, or a title cut at 255 bytes)")
+    return f"{client.name}'s client process is not visible here (another PID namespace, or /proc mounted hidepid)"
+
+
+def settle_line(fs: FsInfo) -> str:
+    """One line for ``status`` and ``doctor``: how long a holder after another node's waits here, and why."""
+    found = settle(fs)
+    if found.source == NONE:
+        return f"no wait after another node's holder: {found.how}"
+    waits = f"a holder after another node's waits {found.seconds:g} s"
+    if found.source == READ:
+        return f"{waits}, the longest metadata cache timeout in {found.how}"
+    if found.source == DECLARED:
+        return f"{waits}, the longest metadata cache timeout declared by {found.how}"
+    return (f"{waits}, ASSUMED (the longest it honours): {found.how}; declare the mount's longest cache timeout "
+            "in a site plugin (FsInfo cache_seconds; docs/filesystems.md, \"Declaring a filesystem you know better\")")
 
 
 #: The cache timeouts (nanoseconds) in the ``.config`` JuiceFS serves at its mount's root.

@@ -260,6 +260,9 @@ def fuse_client(mount: Mount) -> FuseClient | None:
 #: Bytes read of a process's command line or of a client's option file (both are small; a cap
 #: keeps a hostile one from costing more).
 OPTIONS_CAP = 64 * 1024
+#: setproctitle cuts a rewritten process title to this many bytes (``SPT_MAXTITLE`` in its C implementations,
+#: which JuiceFS's Go port keeps): a title this long may have lost options at its end.
+TITLE_CAP = 255
 
 
 def _read_capped(path: str) -> bytes | None:
@@ -322,7 +325,7 @@ def client_options(mount: Mount, client: FuseClient) -> dict[str, str | None] | 
     point as an argument and belongs to the user who mounted it (the mount's ``user_id``): another
     user cannot pose as the client with a command line of her own.  Where several match, every
     option of each counts.  A client in another PID namespace (a container's sidecar) or behind
-    ``hidepid`` is not seen: ``None``.
+    ``hidepid`` is not seen, nor one whose rewritten title may have been cut (:data:`TITLE_CAP`): ``None``.
     """
     if client.params_file:
         return _params_file_options(mount, client)
@@ -344,6 +347,8 @@ def client_options(mount: Mount, client: FuseClient) -> dict[str, str | None] | 
         raw = _read_capped(f"/proc/{pid}/cmdline")
         argv = [os.fsdecode(arg) for arg in raw.split(b"\0") if arg] if raw else []
         if len(argv) == 1:  # a process that rewrote its title (JuiceFS, hiding a password): one spaced string
+            if len(os.fsencode(argv[0])) >= TITLE_CAP:
+                continue  # perhaps cut short: an option cut off cannot be told from one never given
             argv = argv[0].split()
         if not any(os.path.basename(arg) in client.daemons for arg in argv[:2]):
             continue
@@ -637,6 +642,10 @@ class FsInfo:
     :param name: the filesystem's own name when it is known beyond its kind ("JuiceFS",
         "gcsfuse (a Cloud Storage bucket)"); ``status`` and ``doctor`` show it.
     :param hard_links: whether ``link(2)`` works there (``None``: not known).
+    :param cache_seconds: the longest metadata cache timeout (seconds) this mount's clients keep on any
+        node, as a site knows it (a site plugin): the next holder of a lock after one on another node
+        waits that long where the client's own options cannot be read (docs/api.md, "What the next
+        holder sees").  ``None``: not declared.
     """
 
     mount: Mount
@@ -650,6 +659,7 @@ class FsInfo:
     notes: tuple[str, ...] = ()
     name: str | None = None
     hard_links: bool | None = None
+    cache_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # Checked here so a site plugin's typo fails loudly instead of
@@ -661,6 +671,10 @@ class FsInfo:
             if value not in LOCK_STATES:
                 raise ValueError(f"FsInfo.{name}={value!r}; expected one of {', '.join(LOCK_STATES)}")
         object.__setattr__(self, "notes", tuple(self.notes))
+        seconds = self.cache_seconds
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 <= seconds < float("inf")):
+            raise ValueError(f"FsInfo.cache_seconds={seconds!r}; expected seconds (a number >= 0) or None")
 
     def with_refused(self, refused: Mapping[str, str]) -> FsInfo:
         """This classification corrected by what was seen at run time: ``{"flock": "ENOLCK"}``
@@ -686,5 +700,6 @@ class FsInfo:
             "o_excl_atomic": self.o_excl_atomic,
             "name": self.name,
             "hard_links": self.hard_links,
+            "cache_seconds": self.cache_seconds,
             "notes": list(self.notes),
         }

@@ -15,10 +15,10 @@ from helpers import clean_env
 pytestmark = pytest.mark.slow
 
 REPORT_KEYS = {"path", "filesystem", "probes", "lock", "cache", "warnings", "verdict", "conflicts", "team",
-               "sharedfs_off"}
+               "sharedfs_off", "handover"}
 VERDICT_KEYS = {"filesystem", "locks", "across_nodes", "sharedfs", "without_sharedfs", "better"}
 FS_KEYS = {"mount", "kind", "shared", "flock", "flock_errno", "posix", "posix_errno", "o_excl_atomic",
-           "safe_lock", "notes", "name", "hard_links"}
+           "safe_lock", "notes", "name", "hard_links", "cache_seconds"}
 PROBES = ["flock", "flock_excludes", "posix", "posix_excludes", "o_excl", "link", "rename_replace", "fsync"]
 
 
