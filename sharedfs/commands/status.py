@@ -262,7 +262,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         from sharedfs.commands.placedcaches import status_lines
 
         print("\n" + "\n".join(status_lines(report["placed_caches"])))
-    blocked = f"; blocked by SHAREDFS_DISABLE: {', '.join(report['blocked'])}" if report["blocked"] else ""
+    blocked = f"; blocked by the disable setting: {', '.join(report['blocked'])}" if report["blocked"] else ""
     external = {p["name"] for p in report["external_plugins"]}
     shim_names = {shim["name"] for shim in report["shims"]}
     builtin = [name for name in report["plugins"] if name not in external and name not in shim_names]
