@@ -277,7 +277,11 @@ def _client_locks(client: FuseClient) -> str:
 
 def _client_caches(client: FuseClient, options: Mapping[str, str | None] | None) -> str:
     """Its metadata cache timeouts: as started (when its command line was read), else the defaults."""
-    seen = options or {}
+    if options is None:  # not readable by this user: the handover line says what is waited instead
+        names = ", ".join(name for name, _ in client.caches)
+        return (f"{client.name} metadata caches ({names}): cannot be read here; another node's new names, "
+                "removals and sizes can take that long to show here.")
+    seen = options
     parts = []
     for name, default in client.caches:
         value = seen.get(name)
