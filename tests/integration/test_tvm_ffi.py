@@ -53,19 +53,21 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def build_on_nodes(home: Path, tmp_path: Path, tag: str, extra: dict[str, str], *, sync: bool = False,
-                   timeout: float = 300) -> tuple[list[dict], Counter[str]]:
-    """Every process's outcome (``hung``: killed after ``timeout``) and the compiles per build directory's cache."""
+                   timeout: float = 300, nodes: dict[str, int] = NODES,
+                   python: str = sys.executable) -> tuple[list[dict], Counter[str]]:
+    """Every process's outcome (``hung``: killed after ``timeout``) and the compiles per build directory's cache
+    (``python``: see helpers.nodemounts)."""
     log = tmp_path / f"{tag}.compiles"
     cxx = tmp_path / f"{tag}.cxx"
     cxx.write_text(CXX.format(log=log))
     cxx.chmod(0o755)
-    args = [sys.executable, WORKER]
+    args = [python, WORKER]
     if sync:
         (tmp_path / f"{tag}.sync").mkdir()
         args += ["--sync", str(tmp_path / f"{tag}.sync")]
     env = _env({"HOME": str(home), "CXX": str(cxx), **extra})
     try:
-        results = run_on_nodes(args, NODES, env=env, timeout=timeout, cwd="/")
+        results = run_on_nodes(args, nodes, env=env, timeout=timeout, cwd="/")
     except NodesTimeout as exc:
         results = exc.results
     compiles = Counter(os.path.dirname(line) for line in log.read_text().splitlines()) if log.exists() else Counter()
