@@ -39,10 +39,12 @@ def before_checkout(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_ranks_on_two_nodes_of_a_lagging_mount_download_a_checkpoint_once(
-        server: SlowServer, hostile_mount: Callable[..., HostileMount], before_checkout: Path) -> None:
+        server: SlowServer, hostile_mount: Callable[..., HostileMount], before_checkout: Path,
+        tmp_path: Path) -> None:
     mount = Path(hostile_mount("lagging", lag_ms=3000).path)
-    old_gets, old = download_on_ranks([mount / "before"], mount / "sync-before", server, before_checkout)
-    gets, now = download_on_ranks([mount / "now"], mount / "sync-now", server, None)
+    # The ranks' start line is on a local disk: on the mount node b would see it 3 s late.
+    old_gets, old = download_on_ranks([mount / "before"], tmp_path / "sync-before", server, before_checkout)
+    gets, now = download_on_ranks([mount / "now"], tmp_path / "sync-now", server, None)
     print(f"{RANKS} ranks on 2 nodes, hostilefs lagging 3 s: sharedfs {BEFORE} {old_gets} downloads, "
           f"now {gets}")
     assert old_gets >= 2, "the second node's first holder should have found the checkpoint missing"
