@@ -252,10 +252,12 @@ def test_a_non_root_holder_on_another_node_reads_what_the_last_one_wrote(
         fixed = take_turns(vol, hidden, declared, "declared", INCREMENTS, tmp_path)
         assert (fixed["increments"], fixed["stale"], fixed["errors"], fixed["final"]) == (INCREMENTS, 0, 0, INCREMENTS)
 
-        # Nothing declared: cannot tell, so the longest wait; never a stale read.
-        assumed = take_turns(vol, hidden, new, "assumed", ASSUMED_INCREMENTS, tmp_path)
-        assert (assumed["stale"], assumed["errors"], assumed["final"]) == (0, 0, ASSUMED_INCREMENTS)
-        assert assumed["min"] >= MAX_SETTLE
+        # Nothing declared: cannot tell, so the longest wait; never a stale read.  One code path for both
+        # clients (the wait above says each one takes it): run on one, for its 60 s per handover.
+        if realfs_kind == "moosefs":
+            assumed = take_turns(vol, hidden, new, "assumed", ASSUMED_INCREMENTS, tmp_path)
+            assert (assumed["stale"], assumed["errors"], assumed["final"]) == (0, 0, ASSUMED_INCREMENTS)
+            assert assumed["min"] >= MAX_SETTLE
 
         # ... paid only on a cross-node handover: the same node's next holder goes on at once.
         same = vol.mounts[0] / "same-node"
