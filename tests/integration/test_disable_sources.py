@@ -5,7 +5,7 @@ blocked a plugin (at registration). ``disable = ["slurm"]`` in the TOML file, or
 ``sharedfs.configure(disable="slurm")``, showed in ``status`` as a setting while the slurm plugin stayed
 registered and still named the node (``SLURMD_NODENAME``) and the rank (``SLURM_PROCID``).  Each source
 runs against the code before the change (``BEFORE``, unpacked with git archive, first on PYTHONPATH) and
-this checkout, in a process of its own with a Slurm step's environment.
+this checkout (``sharedfs_at``), in a process of its own with a Slurm step's environment.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, clean_env
-
-from sharedfs.testing.pytest.skips import skip_or_fail
+from helpers import clean_env
+from helpers.shardcache_support import sharedfs_at
 
 #: The last commit before TOML and configure() blocked plugins.
 BEFORE = "961ec2c"
@@ -41,16 +39,7 @@ print(json.dumps({"node_id": runtime.policy().node_id, "identity": ident.source,
 
 @pytest.fixture(scope="module")
 def old_sharedfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tree = tmp_path_factory.mktemp("sharedfs-" + BEFORE)
-    archive = tree / "src.tar"
-    proc = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), BEFORE], capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        skip_or_fail(f"cannot unpack sharedfs at {BEFORE} (a shallow clone?): {proc.stderr.strip()}")
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree)
-    archive.unlink()
-    return tree
+    return Path(sharedfs_at(BEFORE, tmp_path_factory.mktemp("before") / "sharedfs")["PYTHONPATH"])
 
 
 def probe(source: str, tmp_path: Path, code: Path | None) -> dict:
