@@ -354,6 +354,10 @@ def _open_lock_file(target: Target) -> tuple[int, bool] | None:
         if not os.path.isdir(os.path.dirname(path) or "."):
             raise  # the directory itself is missing: the caller creates it once, or fails the wait
         return None  # FUSE/NFS: a concurrent unlink between LOOKUP and CREATE (webdataset#386)
+    except FileExistsError:
+        # EEXIST without O_EXCL: a FUSE client (MooseFS) answered the create from its stale negative entry
+        # while another node had made the file. Contention: the next poll opens it once the entry expires.
+        return None
     except BlockingIOError:
         # Another process holds a lease on the file (F_SETLEASE; a Samba or NFS server's delegation):
         # the open asked the kernel to break it, and is contention until then, as for filelock.
