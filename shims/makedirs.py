@@ -17,10 +17,12 @@ look like a directory), or for a parent that ``os.makedirs`` is about to swallow
 and make a child in, and only where the filesystem plugins classify the path as shared, does
 the guard wait until the path is visible here (:func:`sharedfs.wait_for`: it re-lists the
 parent, which makes NFS revalidate, and one waiter per node looks), then run the original
-again.  Whatever re-listing does not change is the standard library's answer, at its speed
-and as the same object: a regular file or a dangling symlink in the way (visible, not a
-directory), a second EEXIST for a path this node now sees, ``exist_ok=False`` from the
-caller, any FileNotFoundError (a missing parent), a local filesystem.  On timeout it is still
+again, backing off while mkdir answers EEXIST and the stdlib's ``isdir`` still says no (a
+client whose negative-lookup cache outlives the re-listing, as MooseFS's does).  Whatever
+re-listing does not change is the standard library's answer, at its speed and as the same
+object: a regular file or a dangling symlink in the way (visible, not a directory),
+``exist_ok=False`` from the caller, any FileNotFoundError (a missing parent), a local
+filesystem.  On timeout it is still
 the caller's exception type (its ``except FileExistsError`` keeps working), with a note
 (PEP 678; a log line before Python 3.11) that says what sharedfs waited for and what to raise.
 
@@ -43,6 +45,7 @@ import functools
 import logging
 import os
 import pathlib
+import stat
 import sys
 import time
 from types import FrameType, ModuleType
@@ -120,28 +123,30 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
                 return current
             if not exist_ok:
                 return current  # visible now: os.makedirs, which swallows this, can make the child
-            if not os.path.isdir(awaited):
+            seen = _seen_as(awaited)
+            if seen == "other":
                 return current  # visible and not a directory (a file, a dangling link): as the stdlib said
-            try:
-                original(*args)
-            except FileNotFoundError as again:
-                return _recover(again, exist_ok, original, args, timeout, caller)  # only a note, never a wait
-            except FileExistsError as again:
-                previous, current = awaited, again
-            else:
-                decision("makedirs: a directory another node created was not visible here yet; sharedfs waited "
-                         "for it instead of raising (SHAREDFS_WAIT_TIMEOUT bounds the wait)")
-                return None
-            if _waited_out(current):  # a level below waited the whole timeout already
-                return current
-            awaited = _awaited(current, exist_ok, caller)
-            if awaited is None or awaited == previous:
-                # EEXIST again for the path this node now sees as a directory: not the lag (re-listing the
-                # parent changed nothing), whatever it is the standard library's answer stands.
-                return current
-            if time.monotonic() >= deadline:  # visible each time, yet each retry failed: never loop on
-                note = (f"{NOTE}{awaited} became visible on this node, but mkdir kept failing until "
-                        f"SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
+            if seen == "dir":
+                try:
+                    original(*args)
+                except FileNotFoundError as again:
+                    return _recover(again, exist_ok, original, args, timeout, caller)  # only a note, never a wait
+                except FileExistsError as again:
+                    current = again
+                else:
+                    decision("makedirs: a directory another node created was not visible here yet; sharedfs "
+                             "waited for it instead of raising (SHAREDFS_WAIT_TIMEOUT bounds the wait)")
+                    return None
+                if _waited_out(current):  # a level below waited the whole timeout already
+                    return current
+                awaited = _awaited(current, exist_ok, caller)
+                if awaited is None:
+                    return current
+            # Listed, yet a lookup still says "no such directory": the lag still.  MooseFS's client answers
+            # lookups from a negative cache that re-listing the parent does not clear.  Back off, look again.
+            if time.monotonic() >= deadline:  # never loop on
+                note = (f"{NOTE}{awaited} showed in its parent's listing on this node, but lookups of it kept "
+                        f"failing until SHAREDFS_WAIT_TIMEOUT ({timeout:g} s) passed")
                 _annotate(current, note)
                 return current
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
@@ -149,6 +154,21 @@ def _recover(exc: OSError, exist_ok: bool, original: Callable[..., Any], args: t
     finally:
         if outermost:
             _recent.deadline = None
+
+
+def _seen_as(path: str) -> str:
+    """``"dir"``, ``"other"`` (a file, a dangling link: the stdlib's answer stands) or ``"missing"`` (lagging)."""
+    try:
+        return "dir" if stat.S_ISDIR(os.stat(path).st_mode) else "other"
+    except FileNotFoundError:
+        try:
+            return "other" if stat.S_ISLNK(os.lstat(path).st_mode) else "missing"
+        except FileNotFoundError:
+            return "missing"
+        except OSError:
+            return "other"
+    except OSError:
+        return "other"
 
 
 #: How every note the guard adds begins: an exception carrying one was waited for already.

@@ -18,6 +18,10 @@ profile            behaviour
                    omits it) while mkdir / O_EXCL create of it answer EEXIST:
                    the NFS stale-cache state in which
                    ``os.makedirs(p, exist_ok=True)`` raises FileExistsError
+``flapping``       ``lagging``, except that a listing of the directory shows the
+                   other node's fresh entry and the next stat of it answers;
+                   later ones say ENOENT again until the lag passes (MooseFS: its client answers lookups from a
+                   negative-entry cache that listing the directory does not clear)
 ``nfs-cto``        close-to-open consistency: while one node has a file open
                    for writing, the other nodes see its size and content as
                    of the writer's last close (empty for a file it created),
@@ -126,7 +130,10 @@ FSTYPE = "fuse.hostilefs"
 #: Profiles deciding what file locks do; at most one per mount.
 LOCK_PROFILES = ("plain", "lustre-noflock", "nfs-nolock", "localflock")
 #: Every base profile name; combine with ``+``.
-PROFILES = LOCK_PROFILES + ("lagging", "nfs-cto", "estale")
+PROFILES = LOCK_PROFILES + ("lagging", "flapping", "nfs-cto", "estale")
+#: ``flapping``: the lookups of a hidden name one listing lets through: one stat (the kernel's LOOKUP, then
+#: GETATTR, as the mount caches nothing).
+FLAP_LOOKUPS = 2
 _LOCK_ERRNO = {"lustre-noflock": errno.ENOSYS, "nfs-nolock": errno.ENOLCK}
 
 _PathLike = Union[str, "os.PathLike[str]"]
@@ -161,17 +168,20 @@ class Profile:
     lagging: bool
     cto: bool = False  # nfs-cto
     estale: bool = False
+    flapping: bool = False  # lagging, with listings that show the hidden name for a lookup or two
 
 
 def parse_profile(name: str) -> Profile:
     """Parse ``"localflock"``, ``"lagging+nfs-nolock"``... Raises ValueError."""
-    locks, lagging, cto, estale = "plain", False, False, False
+    locks, lagging, cto, estale, flapping = "plain", False, False, False, False
     parts = [p.strip() for p in name.split("+") if p.strip()]
     if not parts:
         raise ValueError("empty hostilefs profile")
     for part in parts:
         if part == "lagging":
             lagging = True
+        elif part == "flapping":
+            lagging = flapping = True
         elif part == "nfs-cto":
             cto = True
         elif part == "estale":
@@ -183,7 +193,7 @@ def parse_profile(name: str) -> Profile:
                 locks = part
         else:
             raise ValueError(f"unknown hostilefs profile {part!r}; known: {', '.join(PROFILES)}")
-    return Profile(name=name, locks=locks, lagging=lagging, cto=cto, estale=estale)
+    return Profile(name=name, locks=locks, lagging=lagging, cto=cto, estale=estale, flapping=flapping)
 
 
 # --------------------------------------------------------------------------
@@ -233,10 +243,12 @@ class _Visibility:
     whenever something new is recorded.
     """
 
-    def __init__(self, lag_s: float) -> None:
+    def __init__(self, lag_s: float, flap_lookups: int = 0) -> None:
         self.lag_s = lag_s
+        self.flap_lookups = flap_lookups  # ``flapping``: lookups a listing lets through (0: not flapping)
         self._mu = threading.Lock()
         self._fresh: dict[str, tuple[float, set[str]]] = {}  # path -> (created, nodes that see it)
+        self._primed: dict[tuple[str, str], int] = {}  # (path, node) -> lookups a listing let through
         self._newest = float("-inf")
 
     def active(self) -> bool:
@@ -253,13 +265,34 @@ class _Visibility:
             entry = self._fresh.get(path)
         if entry is None or time.monotonic() - entry[0] >= self.lag_s:
             return False
-        return caller_node() not in entry[1]
+        node = caller_node()
+        if node in entry[1]:
+            return False
+        if self.flap_lookups:
+            with self._mu:
+                left = self._primed.get((path, node), 0)
+                if left:
+                    self._primed[(path, node)] = left - 1
+                    return False
+        return True
+
+    def listed(self, path: str, caller_node: Callable[[], str]) -> bool:
+        """Whether a listing shows ``path`` to the calling node (``flapping``: it does, and primes lookups)."""
+        if not self.flap_lookups:
+            return not self.hidden(path, caller_node)
+        with self._mu:
+            entry = self._fresh.get(path)
+        if entry is not None and time.monotonic() - entry[0] < self.lag_s and caller_node() not in entry[1]:
+            with self._mu:
+                self._primed[(path, caller_node())] = self.flap_lookups
+        return True
 
     def created(self, path: str, node: str) -> None:
         now = time.monotonic()
         with self._mu:
             for p in [p for p, (t, _) in self._fresh.items() if now - t >= self.lag_s]:
                 del self._fresh[p]
+            self._primed = {key: left for key, left in self._primed.items() if key[0] in self._fresh}
             self._fresh[path] = (now, {node})
             self._newest = now
 
@@ -530,7 +563,7 @@ class HostileOps:
         self.root = os.path.realpath(backing)
         self.profile = profile
         self.latency_s = latency_ms / 1000.0
-        self.vis = _Visibility(lag_ms / 1000.0) if profile.lagging else None
+        self.vis = _Visibility(lag_ms / 1000.0, FLAP_LOOKUPS if profile.flapping else 0) if profile.lagging else None
         self.cto = _CloseToOpen(snapshot_dir) if profile.cto else None
         self.flush_s = flush_ms / 1000.0
         self.shadow_dir = str(shadow_dir)
@@ -687,7 +720,7 @@ class HostileOps:
                 if entry.name.startswith(".fuse_hidden"):
                     continue
                 child = path.rstrip("/") + "/" + entry.name
-                if vis is not None and vis.hidden(child, caller_node):
+                if vis is not None and not vis.listed(child, caller_node):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 from helpers import clean_env
+from helpers.shardcache_support import sharedfs_at
 
 from sharedfs.testing import scenario_makedirs
 
 pytestmark = pytest.mark.slow
 
 LAG_MS = 3000
+#: sharedfs before the guard backed off on a directory a listing showed and a lookup then missed.
+BEFORE = "d5a2ac8"
 
 
 def test_lingua_and_torch_dcp_fail_on_a_lagging_filesystem_without_sharedfs_and_not_with_it(hostile_mount) -> None:
@@ -68,9 +71,10 @@ MADE_ELSEWHERE = textwrap.dedent("""
 """)
 
 
-def _other_node(target: Path, kind: str, extra: dict[str, str]) -> dict:
+def _other_node(target: Path, kind: str, extra: dict[str, str], cwd: Path | None = None) -> dict:
+    """``cwd``: where ``python -c`` runs, first on its sys.path (an old checkout's; never this checkout's root)."""
     out = subprocess.run([sys.executable, "-c", MADE_ELSEWHERE, str(target), kind], capture_output=True, text=True,
-                         timeout=300, env=clean_env({"SHAREDFS_NODE_ID": "n1", **extra}))
+                         timeout=300, env=clean_env({"SHAREDFS_NODE_ID": "n1", **extra}), cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -175,3 +179,25 @@ def test_any_other_shim_applies_the_guard_without_torch() -> None:
                              env=clean_env(extra))
         assert out.returncode == 0, out.stderr[-3000:]
         assert json.loads(out.stdout.strip().splitlines()[-1]) == [patched, False], extra
+
+
+def test_a_directory_a_listing_shows_and_a_lookup_then_misses_is_waited_for_not_raised(hostile_mount,
+                                                                                      tmp_path: Path) -> None:
+    """MooseFS's client answers a lookup from its negative-entry cache after a listing of the parent showed the
+    name (hostilefs ``flapping``): ``mkdir`` says EEXIST, ``isdir`` says no.  Stock ``os.makedirs(exist_ok=True)``
+    raises; sharedfs before (``BEFORE``) re-listed the parent, saw the name, took the next "not a directory" for
+    the standard library's answer and raised too (a torch.hub rank on MooseFS, in a CI run).  Now the guard
+    backs off while listings show the name and lookups miss it, and the call succeeds once the lag passes."""
+    hidden = hostile_mount("flapping", lag_ms=60_000)  # longer than any child's start: only the guard can pass
+    for label in ("stock", "before"):
+        (Path(hidden.path) / label).mkdir()  # made by this process: node "local", not n1
+    stock = _other_node(Path(hidden.path) / "stock", "os", {"SHAREDFS_DISABLE": "1"})
+    assert stock["type"] == "FileExistsError" and stock["notes"] == [], stock
+    old_code = sharedfs_at(BEFORE, tmp_path / "before")
+    old = _other_node(Path(hidden.path) / "before", "os", {**old_code, "SHAREDFS_WAIT_TIMEOUT": "120"},
+                      cwd=Path(old_code["PYTHONPATH"]))
+    assert old["type"] == "FileExistsError" and old["notes"] == [], old  # gave up at once, without a note
+    mount = hostile_mount("flapping", lag_ms=15_000)  # with the guard: a lag it waits out
+    (Path(mount.path) / "now").mkdir()
+    guarded = _other_node(Path(mount.path) / "now", "os", {"SHAREDFS_WAIT_TIMEOUT": "120"})
+    assert guarded == {"type": "ok", "isdir": True}, guarded

@@ -9,7 +9,8 @@ open the copy another node just renamed over (``FileNotFoundError`` on JuiceFS, 
 GlusterFS).  sharedfs before
 the handover rule (``BEFORE``, run from a worktree) takes a lock around torch's check-then-download,
 yet the first holder on the second node still finds the checkpoint "missing" (its node cached the
-miss of torch's own look before the lock) and downloads it again.  Now the next holder on another
+miss of torch's own look before the lock) and downloads it again, or, on MooseFS, its makedirs
+guard gives up on ``checkpoints`` (``FileExistsError``).  Now the next holder on another
 node waits out the mount's cache timeout before ``acquire()`` returns (docs/api.md, "What the next
 holder sees"): one download.
 
@@ -76,17 +77,23 @@ def test_torch_hub_ranks_on_two_nodes_download_a_checkpoint_once(
                                            env={**os.environ, "SHAREDFS_DISABLE": "1"}, may_fail=True)
     crashed = [got["error"] for got in stock_loads if "error" in got]
     with worktree(BEFORE, tmp_path / "before") as old_code:
-        old, old_loads = download_on_ranks(on_each_node(vol, "before"), tmp_path / "sync-before", server, old_code)
+        old, old_loads = download_on_ranks(on_each_node(vol, "before"), tmp_path / "sync-before", server, old_code,
+                                           may_fail=True)
+    old_crashed = [got["error"] for got in old_loads if "error" in got]
     now, now_loads = download_on_ranks(on_each_node(vol, "now"), tmp_path / "sync-now", server, None)
     print(f"{vol.kind}: {RANKS} ranks on 2 nodes, lagging {LAG_S:.0f} s: stock {stock} downloads "
-          f"(crashed: {crashed}), sharedfs {BEFORE} {old}, now {now}")
+          f"(crashed: {crashed}), sharedfs {BEFORE} {old} (crashed: {old_crashed}), now {now}")
     # Stock: every rank that looks before the first copy lands downloads; a rank may also open the checkpoint
     # another node's download just renamed over (FileNotFoundError on JuiceFS, ESTALE on GlusterFS).
     assert stock >= 2
-    assert old >= 2, "the second node's first holder should have found the checkpoint missing"
+    # The old code downloads again on the second node; on MooseFS its makedirs guard may also give up on
+    # 'checkpoints' (a lookup answered from the client's negative cache after the re-listing showed it).
+    assert old >= 2 or any("FileExistsError" in err for err in old_crashed), \
+        "the second node's first holder should have found the checkpoint missing"
     assert now == 1
     assert [got for got in stock_loads if "error" not in got] == expected_loads()[:RANKS - len(crashed)]
-    assert old_loads == now_loads == expected_loads()
+    assert [got for got in old_loads if "error" not in got] == expected_loads()[:RANKS - len(old_crashed)]
+    assert now_loads == expected_loads()
 
 
 # A user's training script: every shard through webdataset's cache (as in test_webdataset.py).
