@@ -9,8 +9,9 @@ open the copy another node just renamed over (``FileNotFoundError`` on JuiceFS, 
 GlusterFS).  sharedfs before
 the handover rule (``BEFORE``, run from a worktree) takes a lock around torch's check-then-download,
 yet the first holder on the second node still finds the checkpoint "missing" (its node cached the
-miss of torch's own look before the lock) and downloads it again, or, on MooseFS, its makedirs
-guard gives up on ``checkpoints`` (``FileExistsError``).  Now the next holder on another
+miss of torch's own look before the lock) and downloads it again, or, on MooseFS, a rank raises
+``FileExistsError``: its lock-file open met the client's EEXIST (fixed in c12e0c2), or its makedirs
+guard gave up on ``checkpoints`` (fixed in 46e7616).  Now the next holder on another
 node waits out the mount's cache timeout before ``acquire()`` returns (docs/api.md, "What the next
 holder sees"): one download.
 
@@ -86,8 +87,8 @@ def test_torch_hub_ranks_on_two_nodes_download_a_checkpoint_once(
     # Stock: every rank that looks before the first copy lands downloads; a rank may also open the checkpoint
     # another node's download just renamed over (FileNotFoundError on JuiceFS, ESTALE on GlusterFS).
     assert stock >= 2
-    # The old code downloads again on the second node; on MooseFS its makedirs guard may also give up on
-    # 'checkpoints' (a lookup answered from the client's negative cache after the re-listing showed it).
+    # The old code downloads again on the second node; on MooseFS a rank may also raise FileExistsError
+    # (the lock file's plain create, or 'checkpoints': lookups answered from the client's negative cache).
     assert old >= 2 or any("FileExistsError" in err for err in old_crashed), \
         "the second node's first holder should have found the checkpoint missing"
     assert now == 1
