@@ -20,8 +20,9 @@ profile            behaviour
                    ``os.makedirs(p, exist_ok=True)`` raises FileExistsError
 ``flapping``       ``lagging``, except that a listing of the directory shows the
                    other node's fresh entry and the next stat of it answers;
-                   later ones say ENOENT again until the lag passes (MooseFS: its client answers lookups from a
-                   negative-entry cache that listing the directory does not clear)
+                   later ones say ENOENT again until the lag passes (MooseFS:
+                   its client answers lookups from a negative-entry cache that
+                   listing the directory does not clear)
 ``nfs-cto``        close-to-open consistency: while one node has a file open
                    for writing, the other nodes see its size and content as
                    of the writer's last close (empty for a file it created),
@@ -256,36 +257,38 @@ class _Visibility:
         return time.monotonic() - self._newest < self.lag_s
 
     def hidden(self, path: str, caller_node: Callable[[], str]) -> bool:
-        """Whether ``path`` is hidden from the calling node.
+        """Whether ``path`` is hidden from the calling node's lookups (``flapping``: a listing's pass used up).
 
         ``caller_node`` is only called for fresh entries: finding the node
         costs a /proc read, which most lookups need not pay.
         """
+        node = self._hiding_from(path, caller_node)
+        if node is None:
+            return False
+        with self._mu:
+            left = self._primed.get((path, node), 0)
+            if left:
+                self._primed[(path, node)] = left - 1
+        return not left
+
+    def listed(self, path: str, caller_node: Callable[[], str]) -> bool:
+        """Whether a listing shows ``path`` to the calling node (``flapping``: it does, and lets lookups through)."""
+        node = self._hiding_from(path, caller_node)
+        if node is None:
+            return True
+        if self.flap_lookups:
+            with self._mu:
+                self._primed[(path, node)] = self.flap_lookups
+        return bool(self.flap_lookups)
+
+    def _hiding_from(self, path: str, caller_node: Callable[[], str]) -> Optional[str]:
+        """The calling node when ``path`` is fresh and that node has not learned it; else None."""
         with self._mu:
             entry = self._fresh.get(path)
         if entry is None or time.monotonic() - entry[0] >= self.lag_s:
-            return False
+            return None
         node = caller_node()
-        if node in entry[1]:
-            return False
-        if self.flap_lookups:
-            with self._mu:
-                left = self._primed.get((path, node), 0)
-                if left:
-                    self._primed[(path, node)] = left - 1
-                    return False
-        return True
-
-    def listed(self, path: str, caller_node: Callable[[], str]) -> bool:
-        """Whether a listing shows ``path`` to the calling node (``flapping``: it does, and primes lookups)."""
-        if not self.flap_lookups:
-            return not self.hidden(path, caller_node)
-        with self._mu:
-            entry = self._fresh.get(path)
-        if entry is not None and time.monotonic() - entry[0] < self.lag_s and caller_node() not in entry[1]:
-            with self._mu:
-                self._primed[(path, caller_node())] = self.flap_lookups
-        return True
+        return None if node in entry[1] else node
 
     def created(self, path: str, node: str) -> None:
         now = time.monotonic()
