@@ -1,6 +1,6 @@
 """What the handover rule costs on JuiceFS: acquire+release, a same-node and a cross-node handover.
 
-A JuiceFS volume with two client mounts (two "nodes", :mod:`sharedfs.testing.realfs`), with the
+A JuiceFS volume with two client mounts (two "nodes", :mod:`sharedfs.demo.realfs`), with the
 client's default caches (1 s attributes and entries) and with the ``lagging`` profile (3 s).  For
 each, stock filelock against ``sharedfs.lock`` in one run:
 
@@ -154,7 +154,7 @@ def turns(mounts: list[Path], nodes: str, impl: str, handovers: int, lag: float,
 
 
 def measure(profile: str, quick: bool, scratch: Path, before: dict[str, str]) -> list[dict]:
-    from sharedfs.testing.realfs import LAG_S, volume
+    from sharedfs.demo.realfs import LAG_S, volume
 
     lag = LAG_S if profile == "lagging" else 1.0
     cycles, handovers = (50, 4) if quick else (CYCLES, 12)
@@ -189,7 +189,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="fewer cycles and handovers")
     args = parser.parse_args()
-    from sharedfs.testing.realfs import unavailable
+    from sharedfs.demo.realfs import unavailable
 
     reason = unavailable("juicefs")
     if reason:

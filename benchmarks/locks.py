@@ -221,7 +221,7 @@ def lock_rows(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
                              f"{flock['sharedfs'] / flock['baseline']:.3f}); FileLock itself is "
                              f"{flock['baseline'] / flock['floor']:.1f}x the floor"))
 
-        from sharedfs.testing.preload import preload_env
+        from sharedfs.demo.preload import preload_env
 
         flockless = os.path.join(local, "lustre")
         os.mkdir(flockless)

@@ -54,8 +54,8 @@ HOLDER = textwrap.dedent("""
 #: `sharedfs locks` with the depth limit lifted (argv: the command's own).
 UNLIMITED = textwrap.dedent("""
     import sys
-    from sharedfs.commands import lockfiles
-    lockfiles.MAX_DEPTH = 10 ** 6
+    from sharedfs.commands import lockwalk
+    lockwalk.MAX_DEPTH = 10 ** 6
     from sharedfs.commands.cli import main
     sys.exit(main())
 """)

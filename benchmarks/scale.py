@@ -21,7 +21,7 @@ all of them have.  Goals: ops/s per node flat (<= 1.2x) from 4 to 16 ranks per n
 per node per 2 s; first acquisition within 1.5 poll intervals of the release.
 
 Each simulated node's Slurm answer cache lives in its node-local root instead of ``/dev/shm``
-(which all simulated nodes of this one machine share).  Needs FUSE (see ``sharedfs.testing``).
+(which all simulated nodes of this one machine share).  Needs FUSE (see ``sharedfs.demo``).
 
     python benchmarks/scale.py [--json] [--nodes 4 8] [--ranks 4 8 16] [--rounds 1] [--window 8]
 """
@@ -115,7 +115,7 @@ class Bench:
     """One mount, one fake squeue, the knobs of every run."""
 
     root: Path
-    mount: Any  # sharedfs.testing.hostilefs.HostileMount
+    mount: Any  # sharedfs.demo.hostilefs.HostileMount
     env: dict[str, str]
     poll: float
     warmup: float
@@ -139,7 +139,7 @@ class Run:
 
 
 def setup(root: Path, poll: float, warmup: float, window: float) -> Bench:
-    from sharedfs.testing.hostilefs import mount
+    from sharedfs.demo.hostilefs import mount
 
     bin_dir = root / "bin"
     bin_dir.mkdir()
@@ -154,7 +154,7 @@ def setup(root: Path, poll: float, warmup: float, window: float) -> Bench:
 
 
 def spawn(bench: Bench, code: str, node: str, args: list[str], out: Path, **extra: str) -> subprocess.Popen:
-    from sharedfs.testing.nodes import node_env
+    from sharedfs.demo.nodes import node_env
 
     env = node_env(node, bench.env, local_root=bench.root / "local", **extra)
     with open(out, "wb") as sink, open(out.with_suffix(".err"), "wb") as errors:
@@ -185,7 +185,7 @@ def squeue_calls(bench: Bench, since: float, until: float) -> dict[str, int]:
 
 
 def run_once(bench: Bench, how: str, nodes: int, ranks: int) -> Run:
-    from sharedfs.testing.hostilefs import METADATA_OPS, metadata_ops
+    from sharedfs.demo.hostilefs import METADATA_OPS, metadata_ops
 
     bench.runs += 1
     work = bench.root / "runs" / f"{bench.runs}-{how}-{nodes}x{ranks}"
@@ -369,7 +369,7 @@ def main() -> int:
     parser.add_argument("--raw", help="also write every run's measurements to this JSON file")
     args = parser.parse_args()
 
-    from sharedfs.testing.hostilefs import FuseUnavailable
+    from sharedfs.demo.hostilefs import FuseUnavailable
 
     root = Path(tempfile.mkdtemp(prefix="sfscale-"))
     log = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else print

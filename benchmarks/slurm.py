@@ -137,7 +137,8 @@ def main() -> int:
     if args.quick:
         args.rounds, args.filelock_timeout = 1, 10.0
 
-    from sharedfs.testing.slurm import SlurmUnavailable, start
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test harness: not in the wheel
+    from harness.slurm import SlurmUnavailable, start
 
     try:
         cluster = start()

@@ -10,7 +10,7 @@ lock, when every file is in place; this must cost nothing measurable per load:
 (everything else of sharedfs as usual), each applying the shim (``TransformersShim().patch``) and
 removing it by turns, ``--rounds`` paired rounds in ABBA order: judged by the median of the
 per-round ratios (goal <= 1.02, the spread stated).  One process per side was tried first: on a
-loaded 2-core machine the process-to-process spread (+-0.75) drowned any difference.  The model is the tests' (``sharedfs/testing/remotecode.py``: a 115 kB configuration
+loaded 2-core machine the process-to-process spread (+-0.75) drowned any difference.  The model is the tests' (``sharedfs/demo/remotecode.py``: a 115 kB configuration
 module with a relative import), in an offline hub cache on local disk;
 2. Python function calls per load (cProfile), informational: repeatable on a loaded machine.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from _common import at_most, clean_env, emit, log, median, paired_ratio, row
 
-from sharedfs.testing import remotecode  # the tests' remote-code model
+from sharedfs.demo import remotecode  # the tests' remote-code model
 
 #: One process: ``repo rounds warm-up n`` -> JSON {"pairs": [[patched, stock] seconds per load, one pair per round],
 #: "calls": {"patched": ..., "stock": ...}}.  The shim is blocked at start-up and applied / removed here, round by

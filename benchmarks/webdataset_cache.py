@@ -2,7 +2,7 @@
 
 1. **Fetches per shard per node**: N reader processes of one node (default 8, started
    together) each read every shard through ``WebDataset(urls, cache_dir=...)`` from a
-   local HTTP server (``sharedfs.testing.shardserver``, with a small per-request latency so
+   local HTTP server (``sharedfs.demo.shardserver``, with a small per-request latency so
    downloads overlap as they do against object storage).  Plain webdataset has no lock:
    every reader that misses downloads.  sharedfs: 1.0 per shard, the physical limit.
 2. **Warm-cache samples/s**: one process reads every sample of a populated cache (no
@@ -32,11 +32,11 @@ from pathlib import Path
 
 from _common import instructions, valgrind
 
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 FETCH = textwrap.dedent("""
     import json, os, sys
-    from sharedfs.testing.shardserver import start_together
+    from sharedfs.demo.shardserver import start_together
     import webdataset as wds
     ds = wds.WebDataset(json.loads(os.environ["T_URLS"]), cache_dir=os.environ["T_CACHE"], shardshuffle=False,
                         empty_check=False)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium moosefs-master moosefs-chunkserver moosefs-client glusterfs-server glusterfs-client s3fs)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/integration/test_docs_search.py); moosefs, glusterfs: real distributed filesystems (sharedfs.testing.realfs); s3fs: a bucket mount against a local S3 server (tests/integration/test_realfs_naming.py)
+APT_PACKAGES=(fuse3 libfuse3-3 libfuse2 gcc g++ ninja-build python3-dev acl strace slurmctld slurmd slurm-client munge chromium moosefs-master moosefs-chunkserver moosefs-client glusterfs-server glusterfs-client s3fs)  # acl: the non-root demo test; strace: `sharedfs locks` calls per entry; slurm: the test cluster; chromium: the docs site's search (tests/integration/test_docs_search.py); moosefs, glusterfs: real distributed filesystems (sharedfs.demo.realfs); s3fs: a bucket mount against a local S3 server (tests/integration/test_realfs_naming.py)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -30,12 +30,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.sharedfs-setup"
 # The install copies autoload/ into site-packages (hatch_build.py), so a changed .pth reinstalls too.
-want="$(cat pyproject.toml hatch_build.py autoload/sharedfs.pth autoload/sharedfs.start scripts/requirements-test.txt scripts/constraints.txt | sha1sum)"
+want="$(cat pyproject.toml hatch_build.py autoload/sharedfs.pth autoload/sharedfs.start scripts/requirements-test.txt scripts/requirements-lint.txt scripts/constraints.txt | sha1sum)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing sharedfs and the test requirements into $VENV"
+    echo "setup: installing sharedfs, the test requirements and the linters into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' -r scripts/requirements-test.txt \
-        -c scripts/constraints.txt  # every package pinned (scripts/pin.sh): a fresh machine is CI's
+        -r scripts/requirements-lint.txt -c scripts/constraints.txt  # every package pinned (scripts/pin.sh)
     echo "$want" > "$stamp"
+    touch "$VENV/.sharedfs-lint"  # make check's linters are in: its first run after setup installs nothing
 fi
 # yapf (mmengine imports it) rewrites its grammar pickle in ~/.cache/YAPF, non-atomically, whenever the
 # venv's grammar file is newer: make test's workers all importing mmengine from a fresh venv raced on it
@@ -48,4 +49,4 @@ fi
 # OLMo-core 3.x cannot live in this venv (it needs filelock<4 and huggingface-hub<2): the demo's OLMo#829
 # scenario and tests/integration/test_olmo_core.py run it in a pinned venv of its own, built once here
 # (~1.2 GB under ${SHAREDFS_TEST_VENV_CACHE:-/var/tmp/sharedfs-test-venvs}) so the demo does not pay for it.
-"$VENV/bin/python" -c 'from sharedfs.testing.olmo_core_job import olmo_core_venv; olmo_core_venv(lambda line: print("setup: " + line))'
+"$VENV/bin/python" -c 'from sharedfs.demo.olmo_core_job import olmo_core_venv; olmo_core_venv(lambda line: print("setup: " + line))'

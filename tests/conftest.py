@@ -12,7 +12,7 @@ import pytest
 from helpers import DATASETS_REQ, ROOT, Venv, make_venv
 from helpers.perrun import built_once_per_run
 
-pytest_plugins = ["sharedfs.testing.pytest.plugin", "sharedfs.testing.pytest.realfs"]
+pytest_plugins = ["harness.plugin", "harness.realfs"]
 
 # tests/upstream/ holds the runner of the frameworks' own suites (CI calls `python
 # tests/upstream/run.py`) and their glue (a `tests` package each): never part of this run.  Not a
@@ -61,7 +61,7 @@ def _sharedfs_records_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
 def sharedfs_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This checkout as a wheel, built once per run: under pytest-xdist the workers share one file.
 
-    One file, not one per worker: the framework venvs (sharedfs.testing.frameworkvenv) reinstall
+    One file, not one per worker: the framework venvs (sharedfs.demo.frameworkvenv) reinstall
     sharedfs whenever the wheel's bytes differ, and a wheel built twice differs (its timestamps) --
     a worker would reinstall it under another worker's running job.
     """

@@ -1,19 +1,6 @@
 """``sharedfs demo``: reproduce the field failures on this machine, then run them again with sharedfs.
 
-The scenarios themselves (the programs, the simulated filesystems, what counts
-as failing) live in :mod:`sharedfs.testing.scenarios`, shared with the tests.
-This module runs them, shows progress, and reports: text (default), ``--json``,
-and a one-page ``--html`` / ``--markdown`` report with this cluster's own
-``sharedfs doctor`` verdicts, for a ticket to the cluster's admins.
-
-A scenario whose framework is not installed is *skipped* with the command that
-installs it: a missing framework is not a reproduced failure.  A failure the
-installed release of its framework fixed itself (torch 2.14's build lock on a
-local disk) runs anyway, and is reported as "fixed upstream in <release>
-(sharedfs keeps older releases safe)" when the program succeeds without sharedfs
-as well as with it: neither a reproduced failure nor a silent pass.  The exit code
-is 0 when every scenario that ran was fixed, here or upstream.
-"""
+It runs the scenarios of :mod:`sharedfs.demo.scenarios` and reports them (docs/cli.md, "sharedfs demo")."""
 
 from __future__ import annotations
 
@@ -31,8 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from sharedfs.model.caches import PLACED_CACHES
-from sharedfs.testing.scenarios import (
+from sharedfs.demo.scenarios import (
     FILESYSTEMS,
     OLD_FILELOCK,
     REFERENCES,
@@ -45,6 +31,7 @@ from sharedfs.testing.scenarios import (
     install_command,
     missing_modules,
 )
+from sharedfs.model.caches import PLACED_CACHES
 
 __all__ = ["OLD_FILELOCK", "Result", "main", "render", "render_html", "render_markdown", "run_demo"]
 
@@ -185,7 +172,7 @@ def run_demo(*, use_fuse: bool | None = None, only: list[str] | None = None,
     ``fs`` other than ``hostilefs`` runs the cross-node scenarios on that real filesystem (one client
     mount per node) and lists the others as not run there, with why.
     """
-    from sharedfs.testing.hostilefs import fuse_available
+    from sharedfs.demo.hostilefs import fuse_available
 
     chosen = [s for s in SCENARIOS if not only or any(o.lower() in s.name.lower() for o in only)]
     progress = progress or Progress(sys.stderr, len(chosen))
@@ -378,7 +365,7 @@ first without sharedfs, then with it. <b>{esc(summary(results))}.</b></p>
 and the one setting or mount option that would make them better.</p>
 {doctor_html or '<p>(no path probed: give <code>--doctor PATH</code>)</p>'}
 <p><small>Made by <code>sharedfs demo --html</code>. The scenarios' programs are in
-<code>sharedfs/testing/scenarios.py</code>; the project's documentation explains every error above.</small></p>
+<code>sharedfs/demo/scenarios/</code>; the project's documentation explains every error above.</small></p>
 </body></html>
 """
 
@@ -432,7 +419,7 @@ def chosen_fs(args: Any) -> tuple[str | None, str]:
     if fs != "hostilefs" and getattr(args, "no_fuse", False):
         return None, f"sharedfs demo: --fs {fs} runs on FUSE client mounts; drop --no-fuse"
     if fs != "hostilefs":
-        from sharedfs.testing.realfs import unavailable
+        from sharedfs.demo.realfs import unavailable
 
         reason = unavailable(fs)
         if reason:

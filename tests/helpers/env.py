@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 #: What the test runner passes on although it starts with SHAREDFS_: where the framework venvs are kept
-#: (sharedfs.testing.frameworkvenv), a setting of the test machine, not of sharedfs.  Without it a child
+#: (sharedfs.demo.frameworkvenv), a setting of the test machine, not of sharedfs.  Without it a child
 #: (`sharedfs demo`) would build or reinstall the venvs in the default cache, another checkout's.
 KEPT = frozenset({"SHAREDFS_TEST_VENV_CACHE"})
 
@@ -37,7 +37,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def require(module: str, reason: str) -> None:
     """Import ``module`` for a test file, or skip the file with ``reason`` (a failure under CI)."""
-    from sharedfs.testing.pytest.skips import skip_or_fail
+    from harness.skips import skip_or_fail
 
     try:
         importlib.import_module(module)

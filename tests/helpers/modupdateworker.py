@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from sharedfs.testing.remotecode import await_trial, failure
+from sharedfs.demo.remotecode import await_trial, failure
 
 
 def main() -> int:

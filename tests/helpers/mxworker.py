@@ -27,7 +27,8 @@ def _site_plugin(path: str) -> None:
 
     from sharedfs.machinery import runtime
     from sharedfs.machinery.hookspecs import hookimpl
-    from sharedfs.model.fsinfo import FsInfo, mount_for
+    from sharedfs.model.fsinfo import FsInfo
+    from sharedfs.model.mounts import mount_for
 
     mount_point = mount_for(path).mount_point
 

@@ -1,6 +1,6 @@
 """One rank of a job that prepares a checkpoint directory with OLMo (ai2-olmo): OLMo's own code, no sharedfs call.
 
-Run by tests/integration/test_olmo.py (through :func:`sharedfs.testing.olmo_core_job.run_job`) as a
+Run by tests/integration/test_olmo.py (through :func:`sharedfs.demo.olmo_core_job.run_job`) as a
 plain script in the OLMo venv, one process per rank, with the
 ``torch.distributed`` environment.  ``Checkpointer._temporary_wd`` is the
 directory handling every OLMo checkpointer's ``save_checkpoint`` runs: the

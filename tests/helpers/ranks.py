@@ -1,6 +1,6 @@
 """The rank processes of a multi-rank test: each trial started on every rank at once, their JSON lines collected.
 
-A rank program (``sharedfs.testing.remotecode``, ``modupdateworker.py``) touches ``SYNC/ready-<trial>-<rank>``
+A rank program (``sharedfs.demo.remotecode``, ``modupdateworker.py``) touches ``SYNC/ready-<trial>-<rank>``
 when it is ready for a trial, waits for ``SYNC/go-<trial>``, and prints one JSON line per trial.
 """
 

@@ -3,7 +3,7 @@
 * :func:`group_of_users` makes a Unix group and users in it (``groupadd``/``useradd``), lets
   them run this checkout's interpreter (an ACL for the group on directories they could not
   traverse, e.g. pyenv under root's 0700 home), and removes all of it afterwards
-  (:mod:`sharedfs.testing.accounts`, which the demo uses too).
+  (:mod:`sharedfs.demo.accounts`, which the demo uses too).
 * :func:`scratch` is a directory every user can reach (pytest's ``tmp_path`` is under a 0700
   directory of root's), removed afterwards.
 * :func:`sharedfs_before` extracts sharedfs from :data:`BEFORE` -- the last commit before the
@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.skips import skip_or_fail
+
 from helpers.env import ROOT, clean_env
-from sharedfs.testing import accounts
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo import accounts
 
 #: sharedfs before this change: coordination files in ``<cache>/.sharedfs``, a lock file per
 #: shard, claims rewritten in place through their path, markers with no age limit.
@@ -94,7 +95,7 @@ def scratch(prefix: str = "sharedfs-test-") -> Iterator[Path]:
 def group_of_users(count: int, home_root: Path) -> Iterator[list[User]]:
     """A new group and ``count`` new users in it (homes under ``home_root``, mode 0700); removed afterwards.
 
-    :func:`sharedfs.testing.accounts.group_of_users` (the demo's too), skipped where it cannot run
+    :func:`sharedfs.demo.accounts.group_of_users` (the demo's too), skipped where it cannot run
     (failed under CI); what could not be removed afterwards fails the test.
     """
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.env import ROOT
-from sharedfs.testing import node_env
+from sharedfs.demo import node_env
 
 #: The last commit before the handover rule (docs/api.md, "What the next holder sees").
 BEFORE = "0682dc4"

@@ -1,7 +1,7 @@
 """Real, throwaway Unix users for tests whose subject is permissions (created with useradd, removed after).
 
 The account edits themselves (:func:`admin` under the machine-wide lock, :func:`end_processes_of`) are
-:mod:`sharedfs.testing.accounts`', shared with the demo; this module adds what tests need around them.
+:mod:`sharedfs.demo.accounts`', shared with the demo; this module adds what tests need around them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sharedfs.testing.accounts import admin, end_processes_of
-from sharedfs.testing.pytest.skips import skip_or_fail
+from harness.skips import skip_or_fail
+
+from sharedfs.demo.accounts import admin, end_processes_of
 
 __all__ = ["User", "admin", "end_processes_of", "may_run_this_python", "owned_by", "throwaway_users", "user_python"]
 

@@ -352,7 +352,9 @@ def test_the_clear_and_the_locks_break_path_make_no_removal_or_walk_by_path() ->
     no unlink, lstat or scandir is called on a path (only through sharedfs.fs.directory, relative to an open
     directory)."""
     by_path = re.compile(r"\bos\.(unlink|remove|rmdir|lstat|scandir|link|rename|replace)\(|shutil\.rmtree\(")
-    for source in ("sharedfs/commands/lockfiles.py", "sharedfs/locks/_marker.py", "sharedfs/fs/recordfile.py"):
+    for source in ("sharedfs/commands/lockfiles.py", "sharedfs/commands/lockwalk.py", "sharedfs/locks/markerfiles.py",
+                   "sharedfs/locks/nativeprobe.py", "sharedfs/locks/rows.py",
+                   "sharedfs/shardcache/coordination.py", "sharedfs/locks/_marker.py", "sharedfs/fs/recordfile.py"):
         hits = [f"{source}:{n}: {line.strip()}" for n, line in
                 enumerate((ROOT / source).read_text().splitlines(), 1) if by_path.search(line)]
         assert not hits, "\n".join(hits)

@@ -200,6 +200,6 @@ def test_wids_range_is_wids_own_when_wids_is_not_installed(tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=clean_env(),
                           timeout=300, check=False)
     assert proc.stdout.split() == ["1.0.2", "wids", ">=0.1,<0.2"], proc.stderr
-    from sharedfs.testing.scenarios import DISTRIBUTIONS
+    from sharedfs.demo.scenarios import DISTRIBUTIONS
 
     assert DISTRIBUTIONS["wids"] == "wids>=0.1,<0.2"  # the demo's install hint: the same range

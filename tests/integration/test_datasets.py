@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import Venv, clean_env, make_venv
 from helpers.perrun import built_once_per_run
 from packaging.version import Version
 
-from sharedfs.testing.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
-from sharedfs.testing.ports import free_port
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo.nodes import NodeResult, assert_all_ok, node_env, run_on_nodes
+from sharedfs.demo.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ def test_an_unlock_nfs_cannot_confirm_fails_stock_datasets_and_never_reaches_it_
     """NFS answers ENOLCK (lockd overwhelmed by many ranks starting at once) or ESTALE to an *unlock*: filelock
     raises it out of ``release()``, so ``load_dataset`` fails after its work is done.  With sharedfs the
     release completes (the descriptor's close lets go of the lock in any case) and says so once."""
-    from sharedfs.testing.preload import preload_env
+    from sharedfs.demo.preload import preload_env
 
     cache = tmp_path / "cache"
     cache.mkdir()

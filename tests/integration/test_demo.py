@@ -2,7 +2,7 @@
 
 CI runs it as users do (the real command, real subprocesses, FUSE filesystems) and
 asserts both outcomes of every scenario from --json.  The scenarios' programs are
-:mod:`sharedfs.testing.scenarios`, which the demo runs too: one implementation.
+:mod:`sharedfs.demo.scenarios`, which the demo runs too: one implementation.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from helpers import Venv, clean_env, make_venv
 from helpers.perrun import built_once_per_run
 from helpers.unixusers import admin
 
-from sharedfs.testing import scenarios
-from sharedfs.testing.scenario_torch import FIXED_UPSTREAM, builds_under_filelock, case_for
+from sharedfs.demo import scenarios
+from sharedfs.demo.scenario_torch import FIXED_UPSTREAM, builds_under_filelock, case_for
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +64,8 @@ def demo(*args: str, expect: int = 0, python: str = sys.executable) -> dict:
 #: installs the wheel: one worker runs them all, so neither reinstalls under the other's running job.
 OLMO_CORE_VENV = pytest.mark.xdist_group("olmo-core-venv")
 #: Field failures whose reproduction other tests own, with the same programs: lingua#49 / pytorch#92553
-#: (tests/integration/test_makedirs.py runs sharedfs.testing.scenario_makedirs's ranks) and OLMo#829
-#: (tests/integration/test_olmo_core.py runs sharedfs.testing.olmo_core_job; the demo's scenario itself runs in
+#: (tests/integration/test_makedirs.py runs sharedfs.demo.scenario_makedirs's ranks) and OLMo#829
+#: (tests/integration/test_olmo_core.py runs sharedfs.demo.olmo_core_job; the demo's scenario itself runs in
 #: test_progress_is_live_on_a_terminal_and_plain_lines_when_piped).  Together they took half the demo's time.
 #: The ModelScope, Megatron and tvm-ffi scenarios: tests/integration/test_demo_new_shims.py runs each through the demo.
 NEW_SHIMS = ("ModelScope download on NFS without lockd (ENOLCK)", "Megatron index after a killed rank 0",
@@ -325,7 +325,7 @@ def test_a_wheel_installation_is_carried_into_a_framework_venv(bare_venv: Venv, 
     """
     target = tmp_path / "framework-venv"
     venv.EnvBuilder(with_pip=False).create(target)
-    code = ("import sys; from pathlib import Path; from sharedfs.testing import frameworkvenv as f; "
+    code = ("import sys; from pathlib import Path; from sharedfs.demo import frameworkvenv as f; "
             "print(f.source_checkout()); f.install_sharedfs(Path(sys.argv[1]), None)")
     proc = subprocess.run([bare_venv.python, "-c", code, str(target)], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)  # not the checkout: `-c` puts the working directory first on sys.path

@@ -3,8 +3,8 @@
 Each test runs the real command (``sharedfs demo --only NAME --json``) as a user does: the stock side
 (``SHAREDFS_DISABLE=1``) must fail the way the field reports say, and the sharedfs side must succeed,
 with the evidence naming what each run observed.  The programs are
-:mod:`sharedfs.testing.scenario_modelscope`, :mod:`~sharedfs.testing.scenario_megatron` and
-:mod:`~sharedfs.testing.scenario_tvm_ffi`, which the shims' own tests run too.
+:mod:`sharedfs.demo.scenario_modelscope`, :mod:`~sharedfs.demo.scenario_megatron` and
+:mod:`~sharedfs.demo.scenario_tvm_ffi`, which the shims' own tests run too.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import sys
 from importlib import metadata
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env
-
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """`sharedfs demo --fs KIND`: the cross-node scenarios on a real filesystem, each with the cause its run showed.
 
 The demo's scenarios were written against hostilefs, our FUSE fake.  On real client mounts (one per
-node, :mod:`sharedfs.testing.realfs`) the same programs fail for the filesystem's own reasons, or not
+node, :mod:`sharedfs.demo.realfs`) the same programs fail for the filesystem's own reasons, or not
 at all: MooseFS mounted with node-local locks (as GPFS flock and Lustre ``localflock``) lets two
 holders in at once; JuiceFS's flock excludes across clients, and its failure is a stale read through
 the client cache; no FUSE client here shows the ``makedirs`` EEXIST-then-"not a directory" failure of
@@ -17,9 +17,8 @@ import subprocess
 import sys
 
 import pytest
+from harness.realfs import require_realfs
 from helpers import clean_env
-
-from sharedfs.testing.pytest.realfs import require_realfs
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]

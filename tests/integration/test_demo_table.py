@@ -1,6 +1,6 @@
 """The docs' demo table and the README's demo output list exactly the scenarios the demo runs.
 
-One source, :data:`sharedfs.testing.scenarios.SCENARIOS`: docs/index.md's table is generated from it
+One source, :data:`sharedfs.demo.scenarios.SCENARIOS`: docs/index.md's table is generated from it
 (scripts/demo_table.py) and the README's measured output must name the same scenarios, in order, and
 count them the same.  Before, docs/index.md had its own hand-written table that disagreed with the
 README (68 of 80 lost vs 52, 8 ranks vs 6, 10 rows vs 11 scenarios).
@@ -12,7 +12,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from sharedfs.testing.scenarios import SCENARIOS
+from sharedfs.demo.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

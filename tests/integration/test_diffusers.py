@@ -19,9 +19,8 @@ import stat
 import sys
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers.shardcache_support import group_of_users, scratch
-
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 # Looked up, not imported: importing diffusers imports torch here, whose cache placement the members'
 # processes would then inherit through this process's environment.

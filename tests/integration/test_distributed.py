@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env
 
-from sharedfs.testing.ports import free_port
+from sharedfs.demo.ports import free_port
 
 pytestmark = pytest.mark.slow
 

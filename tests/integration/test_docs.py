@@ -37,7 +37,7 @@ def _require_docs_toolchain() -> None:
             pytest.skip(reason)
         # The [test] extra brings mfusepy and the docs toolchain together: one without the other
         # is a broken setup, which CI must not pass over.
-        from sharedfs.testing.pytest.skips import skip_or_fail
+        from harness.skips import skip_or_fail
 
         skip_or_fail(reason)
 
@@ -76,7 +76,7 @@ def test_docs_toolchain_is_pinned_once() -> None:
 def shipped_texts() -> dict[str, str]:
     """Everything a user reads: README, CHANGELOG, every docs page, the site config, the CLI's help, the demo."""
     from sharedfs.commands.cli import build_parser
-    from sharedfs.testing.scenarios import SCENARIOS
+    from sharedfs.demo.scenarios import SCENARIOS
 
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in [README, ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml",
                                                                   *sorted(DOCS.rglob("*.md"))]}

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from sharedfs.testing.pytest.skips import skip_or_fail
+from harness.skips import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -18,9 +18,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import ROOT, clean_env
-
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 #: The commit before ESTALE was handled in the caches.
 BEFORE = "4fff9d3"

@@ -41,7 +41,7 @@ import pytest
 from helpers import require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
-from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
+from sharedfs.demo.shardserver import ShardServer, make_shards, wait_until
 
 require("datasets", "needs datasets (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")

@@ -19,7 +19,10 @@ from typing import Callable, Iterator, List
 
 import pytest
 
-from sharedfs.testing import (
+# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
+from harness.plugin import fault_preload, hostile_mount  # noqa: F401
+
+from sharedfs.demo import (
     FSTYPE,
     NodeProcess,
     RemoteError,
@@ -27,9 +30,6 @@ from sharedfs.testing import (
     is_mounted,
     run_on_nodes,
 )
-
-# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest.plugin import fault_preload, hostile_mount  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE/LD_PRELOAD tooling is Linux-only")
 
@@ -106,8 +106,9 @@ def test_unmount_with_a_caller_stuck_in_a_lock_leaves_no_mount(hostile_mount, no
 
 def test_server_unmounts_when_the_test_process_dies(tmp_path):
     """A killed test run must not leave a stale mount behind."""
-    from sharedfs.testing import fuse_available
-    from sharedfs.testing.pytest.skips import skip_or_fail
+    from harness.skips import skip_or_fail
+
+    from sharedfs.demo import fuse_available
 
     ok, reason = fuse_available()
     if not ok:
@@ -115,7 +116,7 @@ def test_server_unmounts_when_the_test_process_dies(tmp_path):
     mnt = tmp_path / "mnt"
     script = textwrap.dedent(f"""
         import sys, time
-        from sharedfs.testing import mount
+        from sharedfs.demo import mount
         m = mount({str(tmp_path / 'backing')!r}, {str(mnt)!r}, "plain")
         print(m.state_dir, flush=True)
         time.sleep(60)

@@ -172,7 +172,7 @@ def test_an_unlock_nfs_cannot_confirm_is_absorbed_by_the_hub_itself_and_by_share
     ``WeakFileLock`` catches an OSError from ``release()`` itself (huggingface_hub/utils/_fixes.py), so the stock
     download succeeds: nothing for sharedfs to fix here, and it must not change that (datasets, which has no
     such guard, fails: tests/integration/test_datasets.py)."""
-    from sharedfs.testing.preload import preload_env
+    from sharedfs.demo.preload import preload_env
 
     cache = tmp_path / "hub"
     cache.mkdir()

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
 from sharedfs.commands.lockfiles import MAX_DEPTH
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 pytestmark = pytest.mark.slow
 

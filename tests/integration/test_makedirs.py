@@ -1,7 +1,7 @@
 """The makedirs shim on a filesystem that hides one node's new directories from the others (hostilefs ``lagging``).
 
 The programs are the frameworks' own code paths, unchanged and without a ``sharedfs.`` call
-(:mod:`sharedfs.testing.scenario_makedirs`): lingua's ``CheckpointManager`` and
+(:mod:`sharedfs.demo.scenario_makedirs`): lingua's ``CheckpointManager`` and
 ``maybe_run_profiler`` (lingua#49) and torch DCP's ``save`` over gloo (pytorch#92553), six ranks
 on three simulated nodes.  Each test runs them first with ``SHAREDFS_DISABLE=1``, where they fail,
 then with sharedfs, where every rank succeeds.
@@ -19,7 +19,7 @@ import pytest
 from helpers import clean_env
 from helpers.shardcache_support import sharedfs_at
 
-from sharedfs.testing import scenario_makedirs
+from sharedfs.demo import scenario_makedirs
 
 pytestmark = pytest.mark.slow
 

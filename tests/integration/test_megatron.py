@@ -19,11 +19,11 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import HELPERS, clean_env
 
-from sharedfs.testing.nodes import node_env
-from sharedfs.testing.ports import free_port
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo.nodes import node_env
+from sharedfs.demo.ports import free_port
 
 try:  # never imported here: megatron.core warns at import (no Transformer Engine), and warnings fail tests
     metadata.version("megatron-core")

@@ -19,8 +19,8 @@ from typing import Any
 
 from helpers import HELPERS, clean_env, require
 
-from sharedfs.testing.nodes import NodeResult, run_on_nodes
-from sharedfs.testing.ports import free_port
+from sharedfs.demo.nodes import NodeResult, run_on_nodes
+from sharedfs.demo.ports import free_port
 
 for _name in ("torch", "mmengine"):
     require(_name, "needs mmengine==0.10.7 and torch (pip install -r scripts/requirements-test.txt)")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import HELPERS, clean_env, make_venv, require
 
-from sharedfs.testing.nodes import NodeResult, node_env, run_on_nodes
+from sharedfs.demo.nodes import NodeResult, node_env, run_on_nodes
 
 require("modelscope_hub", "the modelscope shim's tests need modelscope-hub (scripts/requirements-test.txt)")
 

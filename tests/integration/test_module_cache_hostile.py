@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
-from sharedfs.testing import remotecode
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo import remotecode
 
 # Looked up, not imported: importing them imports torch here, whose cache placement the members' processes
 # would then inherit through this process's environment.

@@ -22,9 +22,9 @@ from typing import Any, Callable
 import pytest
 from helpers import HELPERS, Venv, clean_env
 
-from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
-from sharedfs.testing.hostilefs import HostileMount
-from sharedfs.testing.olmo_core_job import run_job, summary
+from sharedfs.demo.frameworkvenv import cached_venv, install_sharedfs
+from sharedfs.demo.hostilefs import HostileMount
+from sharedfs.demo.olmo_core_job import run_job, summary
 
 pytestmark = pytest.mark.slow
 

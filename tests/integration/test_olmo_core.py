@@ -9,8 +9,8 @@ each node as its own filesystem unless ``OLMO_SHARED_FS=1``, each node's local
 rank 0 creates the same directory, and a node whose cache still hides the
 first one gets ``FileExistsError`` from ``mkdir(exist_ok=True)``.
 
-The ranks run OLMo-core's own code unchanged (:mod:`sharedfs.testing.olmo_core_rank`,
-no sharedfs call) in the pinned OLMo-core venv (:mod:`sharedfs.testing.frameworkvenv`:
+The ranks run OLMo-core's own code unchanged (:mod:`sharedfs.demo.olmo_core_rank`,
+no sharedfs call) in the pinned OLMo-core venv (:mod:`sharedfs.demo.frameworkvenv`:
 built once under ``SHAREDFS_TEST_VENV_CACHE``, default ``/var/tmp/sharedfs-test-venvs``),
 joined over gloo, on a hostilefs ``lagging`` mount that hides a new entry from the
 other nodes for 18 s (both scaled by 0.3: :data:`TIME_SCALE`): first with ``SHAREDFS_DISABLE=1``, then with sharedfs's autoload.
@@ -24,14 +24,14 @@ from typing import Any, Callable
 import pytest
 from helpers import Venv, clean_env
 
-from sharedfs.testing.frameworkvenv import install_sharedfs
-from sharedfs.testing.hostilefs import HostileMount
-from sharedfs.testing.olmo_core_job import olmo_core_venv, run_job, summary
+from sharedfs.demo.frameworkvenv import install_sharedfs
+from sharedfs.demo.hostilefs import HostileMount
+from sharedfs.demo.olmo_core_job import olmo_core_venv, run_job, summary
 
 # xdist_group: the OLMo-core venv, into which the demo installs this checkout and these tests the wheel.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("olmo-core-venv")]
 
-#: The ranks scale OLMo-core's fixed 10 s wait by this (JOB_TIME_SCALE, sharedfs.testing.olmo_core_rank), and the
+#: The ranks scale OLMo-core's fixed 10 s wait by this (JOB_TIME_SCALE, sharedfs.demo.olmo_core_rank), and the
 #: lag is scaled with it: the same race, in a third of the time.
 TIME_SCALE = 0.3
 OLMO_WAIT_S = 10 * TIME_SCALE

@@ -43,9 +43,9 @@ import pytest
 from helpers import clean_env, require
 from helpers.torchhub import BEFORE, RANKS, SlowServer, checkpoint_server, download_on_ranks, expected_loads, worktree
 
-from sharedfs.testing import node_env
-from sharedfs.testing.realfs import LAG_S, Volume
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo import node_env
+from sharedfs.demo.realfs import LAG_S, Volume
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 require("torch", "needs torch==2.13.0 (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
@@ -101,7 +101,7 @@ def test_torch_hub_ranks_on_two_nodes_download_a_checkpoint_once(
 READER = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import sample_digest, start_together
+    from sharedfs.demo.shardserver import sample_digest, start_together
     import webdataset as wds
     from torch.utils.data import DataLoader
     urls = json.loads(os.environ["T_URLS"])
@@ -172,7 +172,7 @@ def test_webdataset_two_nodes_fetch_each_shard_once_per_cache(
 WIDS_READER = textwrap.dedent("""
     import json, os, random, sys
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import sample_digest, start_together
+    from sharedfs.demo.shardserver import sample_digest, start_together
     import wids
     urls = json.loads(os.environ["T_URLS"])
     ds = wids.ShardListDataset([{"url": u, "nsamples": NSAMPLES} for u in urls], cache_dir=os.environ["T_CACHE"],

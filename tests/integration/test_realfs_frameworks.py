@@ -36,7 +36,7 @@ from typing import Callable
 import pytest
 from helpers.nodemounts import node_python
 
-from sharedfs.testing.realfs import LAG_S, Volume
+from sharedfs.demo.realfs import LAG_S, Volume
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from sharedfs.testing import node_env
-from sharedfs.testing.realfs import LAG_S, Volume
+from sharedfs.demo import node_env
+from sharedfs.demo.realfs import LAG_S, Volume
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.realfs import require_realfs
 
-from sharedfs.testing.pytest.realfs import require_realfs
-from sharedfs.testing.realfs import KINDS, LAG_S, Volume, volume
+from sharedfs.demo.realfs import KINDS, LAG_S, Volume, volume
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = pytest.mark.xdist_group("realfs")

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import HELPERS, ROOT, clean_env
 from helpers.locktools import count_overlaps
 
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.realfs import Volume
+from sharedfs.demo.realfs import Volume
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = pytest.mark.xdist_group("realfs")

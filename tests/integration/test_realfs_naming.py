@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import ROOT, clean_env
 
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.realfs import Volume
+from sharedfs.demo.realfs import Volume
 
 # xdist_group: one real volume at a time; MooseFS volumes of two workers at once disagreed with runs alone.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]
@@ -246,8 +246,8 @@ def s3fs_mounts(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 
     from helpers import HELPERS
 
-    from sharedfs.testing.frameworkvenv import VenvBuildError, cached_venv
-    from sharedfs.testing.ports import free_port
+    from sharedfs.demo.frameworkvenv import VenvBuildError, cached_venv
+    from sharedfs.demo.ports import free_port
 
     if shutil.which("s3fs") is None:
         skip_or_fail("s3fs is not installed (apt-get install s3fs)")

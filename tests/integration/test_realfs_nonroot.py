@@ -43,10 +43,10 @@ from helpers.shardcache_support import sharedfs_at
 from test_realfs_handover import INCREMENTS, TURNS
 
 import sharedfs
+from sharedfs.demo import node_env
+from sharedfs.demo.realfs import LAG_S, Volume
 from sharedfs.locks._handover import MAX_SETTLE
-from sharedfs.model.fsinfo import TITLE_CAP
-from sharedfs.testing import node_env
-from sharedfs.testing.realfs import LAG_S, Volume
+from sharedfs.model.mounts import TITLE_CAP
 
 # xdist_group: one real volume at a time, as the other real-filesystem tests.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realfs")]

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 import pytest
+from harness.skips import skip_or_fail
 
-from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_available, metadata_ops, mount
-from sharedfs.testing.nodes import node_env
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo.hostilefs import FuseUnavailable, HostileMount, fuse_available, metadata_ops, mount
+from sharedfs.demo.nodes import node_env
 
 # xdist_group: the module's counting FUSE mount, mounted once.
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FUSE is Linux-only"),

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env, require
 from helpers.shardcache_support import sharedfs_before
 
+from sharedfs.demo.shardserver import make_shards
 from sharedfs.shardcache import GARBLED_GRACE, key
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.shardserver import make_shards
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")

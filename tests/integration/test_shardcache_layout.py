@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env, require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
@@ -110,7 +110,7 @@ CHURN = textwrap.dedent("""
     import json, os, sys
     import sharedfs.shardcache as shardcache
     if os.environ.get("T_STRIPES"):
-        shardcache.tree.STRIPES = int(os.environ["T_STRIPES"])  # a small bound, to see it hold with a few shards
+        shardcache.treenames.STRIPES = int(os.environ["T_STRIPES"])  # a small bound, to see it hold with a few shards
     import webdataset.cache as cache
     urls, size = json.loads(sys.argv[2]), int(sys.argv[3])
     fc = cache.FileCache(cache_dir=sys.argv[1], cache_size=size, cache_cleanup_interval=0)

@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
 
+from sharedfs.demo.shardserver import make_shards, wait_until
 from sharedfs.shardcache import key
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.shardserver import make_shards, wait_until
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")

@@ -39,7 +39,7 @@ import pytest
 from helpers import require
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
 
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")

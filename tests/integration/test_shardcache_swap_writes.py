@@ -30,7 +30,7 @@ import pytest
 from helpers.shardcache_support import group_of_users, scratch, sharedfs_at
 from test_shardcache_swap import Scene, Site, scene, swap, swap_inuse
 
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_shardcache_swap_writes")]
 

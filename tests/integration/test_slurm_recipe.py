@@ -30,9 +30,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from harness.slurm import SlurmCluster
 from helpers import clean_env
-
-from sharedfs.testing.slurm import SlurmCluster
 
 # xdist_group: one session-wide test Slurm cluster (its 8 CPUs, epilog.d) per group.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster")]

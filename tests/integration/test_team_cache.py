@@ -44,7 +44,7 @@ from helpers import require
 from helpers.shardcache_support import User, group_of_users, scratch
 from test_huggingface_hub import FakeHub
 
-from sharedfs.testing.shardserver import ShardServer, make_shards
+from sharedfs.demo.shardserver import ShardServer, make_shards
 
 require("datasets", "needs datasets (scripts/requirements-test.txt)")
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")

@@ -1,10 +1,10 @@
 """User stories of the torch shims: real torch 2.x on CPU, a real C++ extension built by ninja and g++, real kills.
 
 ``torch.utils.cpp_extension.load()`` is how DeepSpeed (and so XTuner) JIT-compiles its ops.
-The extension is ``sharedfs/testing/torch_ext/answer.cpp`` (Python.h only: it builds in
+The extension is ``sharedfs/demo/torch_ext/answer.cpp`` (Python.h only: it builds in
 under a second); the compiler is a wrapper that counts compilations and can be held
 mid-compile, so "killed half-way through the build" is exact
-(:mod:`sharedfs.testing.scenario_torch`).  Each test reproduces the failure first where
+(:mod:`sharedfs.demo.scenario_torch`).  Each test reproduces the failure first where
 one exists, then shows the fix.
 
 Which failure a test shows is the one the *installed* torch and filelock have
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env, require
 
-from sharedfs.testing.nodes import node_env, run_on_nodes
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.scenario_torch import (
+from sharedfs.demo.nodes import node_env, run_on_nodes
+from sharedfs.demo.scenario_torch import (
     EXTENSION,
     FIXED_UPSTREAM,
     LOAD,

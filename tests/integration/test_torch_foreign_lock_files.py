@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import clean_env, require
 
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.scenario_torch import (
+from sharedfs.demo.scenario_torch import (
     EXTENSION,
     SOURCE,
     Toolchain,
@@ -110,7 +110,7 @@ REMOVE_THEN_CREATE = textwrap.dedent("""
     from sharedfs.fs.polledfile import create_whole, read_with_identity
     from sharedfs.fs.recordfile import unlink_if_same
     from sharedfs.locks.names import TORCH_BATON_KIND
-    from sharedfs.shims import torch as shim
+    from sharedfs.locks.torchbaton import SharedFSBaton
     from sharedfs.types import HolderRecord
 
     def remove_then_create(self, record):
@@ -124,7 +124,7 @@ REMOVE_THEN_CREATE = textwrap.dedent("""
         unlink_if_same(self.lock_file_path, identity)
         return create_whole(self.lock_file_path, record)
 
-    shim.SharedFSBaton._take_over_from_dead_sharedfs_builder = remove_then_create
+    SharedFSBaton._take_over_from_dead_sharedfs_builder = remove_then_create
     module = load(sys.argv[1], [sys.argv[2]], verbose=False)
     print(json.dumps({"answer": module.answer(), "seconds": 0}), flush=True)
 """)

@@ -29,8 +29,8 @@ from typing import Callable, Iterator
 import pytest
 from helpers import require
 
-from sharedfs.testing import node_env
-from sharedfs.testing.hostilefs import HostileMount
+from sharedfs.demo import node_env
+from sharedfs.demo.hostilefs import HostileMount
 
 require("torch", "needs torch (scripts/requirements-test.txt)")
 

@@ -18,7 +18,7 @@ import pytest
 from helpers import require
 from helpers.torchhub import BEFORE, RANKS, SlowServer, checkpoint_server, download_on_ranks, expected_loads, worktree
 
-from sharedfs.testing.hostilefs import HostileMount
+from sharedfs.demo.hostilefs import HostileMount
 
 require("torch", "needs torch (scripts/requirements-test.txt)")
 

@@ -1,7 +1,7 @@
 """The transformers shim: remote-code modules (``trust_remote_code=True``) on a shared filesystem.
 
 Real transformers (scripts/requirements-test.txt), real processes, an offline hub cache built
-by the test (``sharedfs/testing/remotecode.py``: a model whose ``config.json`` maps ``AutoConfig`` to a
+by the test (``sharedfs/demo/remotecode.py``: a model whose ``config.json`` maps ``AutoConfig`` to a
 ~115 kB module with a relative import); the user's code is ``AutoConfig.from_pretrained(repo,
 trust_remote_code=True)`` and nothing else.
 
@@ -30,20 +30,20 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
+from harness.plugin import hostile_mount  # noqa: F401
 from helpers import ranks as ranks_helper
 from helpers import require
 from helpers.shardcache_support import group_of_users, scratch
 
-from sharedfs.testing import node_env, remotecode  # remotecode is also each rank's program
-
-# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest.plugin import hostile_mount  # noqa: F401
+from sharedfs.demo import node_env, remotecode  # remotecode is also each rank's program
 
 require("transformers", "needs transformers==5.25.0 (scripts/requirements-test.txt)")
 
 pytestmark = pytest.mark.slow
 
-RANK = ["-m", "sharedfs.testing.remotecode"]
+RANK = ["-m", "sharedfs.demo.remotecode"]
 LOAD = """
 import json, sys
 from transformers import AutoConfig

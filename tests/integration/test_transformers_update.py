@@ -40,13 +40,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
+from harness.plugin import hostile_mount  # noqa: F401
 from helpers import HELPERS, require
 from helpers import ranks as ranks_helper
 
-from sharedfs.testing import node_env
-
-# Fixtures; tests/conftest.py also loads the plugin, this keeps the file runnable alone.
-from sharedfs.testing.pytest.plugin import hostile_mount  # noqa: F401
+from sharedfs.demo import node_env
 
 require("transformers", "needs transformers==5.25.0 (scripts/requirements-test.txt)")
 

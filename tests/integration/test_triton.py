@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, require
 
-from sharedfs.testing import scenario_triton
-from sharedfs.testing.nodes import NodeProcess
+from sharedfs.demo import scenario_triton
+from sharedfs.demo.nodes import NodeProcess
 
 require("triton", "needs triton==3.9.0 (scripts/requirements-test.txt)")
 

@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at
-
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 #: sharedfs before this change: ``resolve`` normalised ``..`` before looking at symlinks, and trusted
 #: any link of the user's own in a sticky directory.

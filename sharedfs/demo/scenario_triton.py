@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from sharedfs.testing.nodes import run_on_nodes
+from sharedfs.demo.nodes import run_on_nodes
 
 #: The program of one process (argv: cache directory, kernels, rounds).
 RANK = r"""

@@ -1,6 +1,6 @@
 """One rank of a job that saves a checkpoint with OLMo-core: OLMo-core's own code, no sharedfs call.
 
-Run by :mod:`sharedfs.testing.olmo_core_job` (the demo's OLMo#829 scenario and
+Run by :mod:`sharedfs.demo.olmo_core_job` (the demo's OLMo#829 scenario and
 tests/integration/test_olmo_core.py) as a plain script in the OLMo-core venv,
 one process per rank, with the ``torch.distributed`` environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...).  Whatever sharedfs does

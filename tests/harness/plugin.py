@@ -1,18 +1,6 @@
-"""pytest fixtures for hostile filesystems and the test Slurm cluster.
+"""pytest fixtures: ``hostile_mount`` (hostilefs under ``tmp_path``), ``fault_preload`` and ``slurm_cluster``.
 
-Load from the top-level ``conftest.py``::
-
-    pytest_plugins = ["sharedfs.testing.pytest.plugin"]
-
-``hostile_mount(profile, lag_ms=..., latency_ms=...)`` mounts hostilefs under
-the test's ``tmp_path`` and unmounts everything at teardown;
-``fault_preload(prefixes, errno_name="ENOSYS")`` returns an environment whose
-processes see lock calls fail under ``prefixes``; ``slurm_cluster`` is a real
-2-node Slurm cluster (:mod:`sharedfs.testing.slurm`) for the whole session.
-
-When the machine cannot provide FUSE (or a C compiler for the preload
-library) the test is skipped with the reason -- unless ``$CI`` is set: CI
-must install what it needs, so there the test fails with the same reason.
+Where FUSE or a C compiler is missing the test is skipped with the reason, or fails under ``$CI`` (:mod:`harness.skips`).
 """
 
 from __future__ import annotations
@@ -26,10 +14,10 @@ from typing import Callable, Iterable, Iterator, List, Optional, Union
 
 import pytest
 
-from sharedfs.testing.hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
-from sharedfs.testing.preload import PreloadUnavailable, preload_env
-from sharedfs.testing.pytest.skips import skip_or_fail
-from sharedfs.testing.slurm import SlurmCluster, SlurmUnavailable, slurm_available, start
+from harness.skips import skip_or_fail
+from harness.slurm import SlurmCluster, SlurmUnavailable, slurm_available, start
+from sharedfs.demo.hostilefs import FuseUnavailable, HostileMount, fuse_available, mount
+from sharedfs.demo.preload import PreloadUnavailable, preload_env
 
 __all__ = ["fault_preload", "hostile_mount", "skip_or_fail", "slurm_cluster"]
 

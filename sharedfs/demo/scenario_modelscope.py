@@ -8,7 +8,7 @@ line).  Everything around it is modelscope_hub's: ``download_file``, its cache c
 download deadline.  Nothing of sharedfs is called: with sharedfs installed the modelscope shim
 applies at ``import modelscope_hub``.
 
-``python -m sharedfs.testing.scenario_modelscope CACHE [--name --times --hold --log --ready]`` is one
+``python -m sharedfs.demo.scenario_modelscope CACHE [--name --times --hold --log --ready]`` is one
 user; it prints one JSON line: ``{"ok": ..., "error": ..., "lock": <module of _optional_file_lock>}``.
 :func:`run` starts users on simulated nodes and returns their lines.
 """
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run(cache: Path, nodes: Mapping[str, int], env: Mapping[str, str], *args: str,
         timeout: float = 120.0) -> list[dict]:
     """One user per process of ``nodes`` downloading into ``cache``; each one's JSON line (with its ``node``)."""
-    from sharedfs.testing.nodes import run_on_nodes
+    from sharedfs.demo.nodes import run_on_nodes
 
     results = run_on_nodes([sys.executable, "-m", __name__, str(cache), *args], nodes, env=env, timeout=timeout,
                            cwd="/")

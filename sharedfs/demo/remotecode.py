@@ -6,7 +6,7 @@ and the module with it.  The module has a realistic size (remote-code configurat
 are 20-400 kB) and a relative import (``from .helpers import ...``), as Kimi's, Phi's or DeepSeek's do;
 the class it defines comes last, so a module read short lacks it.
 
-Run as a module, it is one rank of a job: ``python -m sharedfs.testing.remotecode SYNC REPO...``.  It
+Run as a module, it is one rank of a job: ``python -m sharedfs.demo.remotecode SYNC REPO...``.  It
 imports transformers, then for each repo waits for ``SYNC/go-<i>`` (the test starts every rank's load at once), loads
 ``AutoConfig.from_pretrained(repo, trust_remote_code=True)`` and prints one JSON line per repo:
 ``{"repo": ..., "ok": true}`` or the exception's type and message.  With ``SHAREDFS_TEST_STAGGER_MS=N`` rank

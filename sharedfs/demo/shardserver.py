@@ -151,7 +151,7 @@ class ShardServer:
 
 
 def start_together(gate: str, timeout: float = 60.0) -> None:
-    """Barrier for the processes of :func:`sharedfs.testing.nodes.run_on_nodes` (a local directory ``gate``).
+    """Barrier for the processes of :func:`sharedfs.demo.nodes.run_on_nodes` (a local directory ``gate``).
 
     Each process announces itself, then waits until all ``SHAREDFS_TEST_COUNT`` have: the
     concurrency a test wants to show must not depend on how fast each one imported torch.

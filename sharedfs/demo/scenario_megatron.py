@@ -1,9 +1,9 @@
 """Megatron's GPT dataset on CPU: a tiny indexed dataset, and gloo ranks that build the datasets from it.
 
-``python -m sharedfs.testing.scenario_megatron prepare PREFIX`` writes ``PREFIX.bin`` / ``PREFIX.idx``
+``python -m sharedfs.demo.scenario_megatron prepare PREFIX`` writes ``PREFIX.bin`` / ``PREFIX.idx``
 with megatron's own ``IndexedDatasetBuilder`` (400 documents of 20-200 tokens).
 
-``python -m sharedfs.testing.scenario_megatron rank CACHE PREFIX SAMPLES`` is one rank of a job
+``python -m sharedfs.demo.scenario_megatron rank CACHE PREFIX SAMPLES`` is one rank of a job
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` in its environment): it joins a gloo group
 and runs ``BlendedMegatronDatasetBuilder(GPTDataset, [SAMPLES, None, None], ...)`` with
 ``path_to_cache=CACHE`` (``CACHE`` may start with ``$SHAREDFS_CACHE_ROOT``: that node's own disk), as
@@ -88,8 +88,8 @@ def rank(cache: str, prefix: str, samples: int) -> None:
 def start_job(cache: str, prefix: str, samples: int, nodes: Sequence[str], env: Mapping[str, str],
               local_root: Path | None = None) -> list[subprocess.Popen[str]]:
     """One job: rank i on simulated node ``nodes[i]``, all in one gloo group."""
-    from sharedfs.testing.nodes import node_env
-    from sharedfs.testing.ports import free_port
+    from sharedfs.demo.nodes import node_env
+    from sharedfs.demo.ports import free_port
 
     port = free_port()
     ranks = []

@@ -1,9 +1,9 @@
 """The demo's team ``HF_MODULES_CACHE``: two real users of a lab's ``HF_HOME`` load remote-code models.
 
 A lab makes one ``HF_HOME`` for everyone: root's, the lab's group, ``chmod 2775``.  Two
-throwaway users of a throwaway group (:mod:`sharedfs.testing.accounts`: ``useradd``/``groupadd``,
+throwaway users of a throwaway group (:mod:`sharedfs.demo.accounts`: ``useradd``/``groupadd``,
 removed afterwards; root only) run ``AutoConfig.from_pretrained(repo, trust_remote_code=True)``
-under umask 022 from an offline hub cache (:mod:`sharedfs.testing.remotecode`): alice loads
+under umask 022 from an offline hub cache (:mod:`sharedfs.demo.remotecode`): alice loads
 ``acc/a``, then bob loads ``acc/b``.  Without sharedfs bob fails with ``PermissionError:
 [Errno 13]`` on ``transformers_modules/acc/b`` (alice's ``acc/`` is 2755); with sharedfs
 both load.  The programs make no ``sharedfs.`` call: ``SHAREDFS_DISABLE=1`` is the only
@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharedfs.testing.accounts import group_of_users
+from sharedfs.demo.accounts import group_of_users
 
 __all__ = ["LOAD", "Member", "members", "run"]
 
@@ -64,8 +64,8 @@ class Member:
 def members(stack: ExitStack, count: int = 2) -> tuple[Path, list[Member]]:
     """A scratch directory every user can reach and ``count`` new users in a new group; all removed at exit.
 
-    The users and the group are :func:`sharedfs.testing.accounts.group_of_users`' (the tests' too);
-    it raises :class:`~sharedfs.testing.accounts.UsersUnavailable` where this machine cannot make them.
+    The users and the group are :func:`sharedfs.demo.accounts.group_of_users`' (the tests' too);
+    it raises :class:`~sharedfs.demo.accounts.UsersUnavailable` where this machine cannot make them.
     """
     parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
     scratch = Path(tempfile.mkdtemp(prefix="sharedfs-demo-team-", dir=parent))
@@ -77,7 +77,7 @@ def members(stack: ExitStack, count: int = 2) -> tuple[Path, list[Member]]:
 
 def run(scratch: Path, alice: Member, bob: Member, label: str, env: dict[str, str]) -> list[str]:
     """alice loads ``acc/a``, then bob ``acc/b``, in a fresh 2775 ``HF_HOME``; each one's outcome."""
-    from sharedfs.testing.remotecode import make_repo
+    from sharedfs.demo.remotecode import make_repo
 
     hub = scratch / "hub"
     if not hub.exists():

@@ -5,7 +5,7 @@ Everything is tvm-ffi's own: the cache directory (``TVM_FFI_CACHE_DIR``, else ``
 ninja and the compiler (``$CXX``: :func:`run` points it at a wrapper that logs each compile).  Nothing of
 sharedfs is called: with sharedfs installed the tvm_ffi shim applies at ``import tvm_ffi``.
 
-``python -m sharedfs.testing.scenario_tvm_ffi [--name --times --timings --sync DIR]`` is one user:
+``python -m sharedfs.demo.scenario_tvm_ffi [--name --times --timings --sync DIR]`` is one user:
 ``--times N`` loads it N times in a row (the warm path after the first); ``--timings`` adds each load's
 seconds.  ``--sync DIR`` (a local directory): once imported, wait until every process of the run
 (``SHAREDFS_TEST_COUNT``) is, so that all of them reach tvm-ffi's cache at the same moment.  Prints one
@@ -82,7 +82,7 @@ def run(home: Path, work: Path, nodes: Mapping[str, int], env: Mapping[str, str]
     the start gate).  A process still running ``hung_after`` s after that release (or ``timeout`` s after the
     start) is killed and reported as ``{"hung": True}``: the time it waited is tvm-ffi's, not its import's.
     """
-    from sharedfs.testing.nodes import node_env
+    from sharedfs.demo.nodes import node_env
 
     log, cxx, gate = work / "compiles.log", work / "cxx", work / "gate"
     cxx.write_text(CXX.format(log=log))

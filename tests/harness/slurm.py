@@ -1,34 +1,6 @@
-"""A real Slurm cluster on one machine, with several fake nodes, for tests and benchmarks.
+"""A real Slurm cluster of fake nodes on this machine, for tests and benchmarks (docs/architecture.md).
 
-:func:`start` configures Debian's Slurm 22.05 (``slurmctld``, ``slurmd``,
-``slurm-client``) and ``munge`` in a fresh directory and starts one
-``munged``, one ``slurmctld`` and one ``slurmd -N nX`` per fake node, each
-node on its own port.  Nothing outside that directory is touched: munge gets
-its own key and socket (``AuthInfo=socket=...``), Slurm its own config
-(clients find it through ``SLURM_CONF``, see :attr:`SlurmCluster.env`).
-
-Each ``slurmd`` runs in its own UTS namespace whose host name is the node
-name, so a job on ``n2`` sees ``socket.gethostname() == "n2"`` as on a real
-cluster.  That matters: filelock breaks a dead holder's soft lock only when
-the host names match, and a test that let every fake node share one host
-name would "pass" for the wrong reason.
-
-Facts this relies on (measured on Debian 12 with Slurm 22.05):
-``SlurmdParameters=config_overrides`` lets a node declare more CPUs than the
-machine has; ``proctrack/linuxproc`` and ``task/none`` need no cgroups; fake
-node names do not resolve, so addresses come from ``NodeAddr``.
-
-:meth:`SlurmCluster.stop` ends only the daemons this module started, found
-by their pid files and checked against their command line (a pid can be
-reused).  Tests get one per session from the ``slurm_cluster`` fixture
-(:mod:`sharedfs.testing.pytest.plugin`).  From a shell::
-
-    python -m sharedfs.testing.slurm start DIR [--nodes 2]   # prints `export SLURM_CONF=...`
-    python -m sharedfs.testing.slurm stop DIR
-
-Install the packages with::
-
-    apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge
+``PYTHONPATH=tests python -m harness.slurm start DIR [--nodes 2]`` prints ``export SLURM_CONF=...``; ``stop DIR`` ends it.
 """
 
 from __future__ import annotations
@@ -45,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from sharedfs.testing.ports import free_ports
+from sharedfs.demo.ports import free_ports
 
 __all__ = [
     "APT_PACKAGES",
@@ -187,7 +159,7 @@ class SlurmCluster:
         for node in self.nodes:
             (self.root / "spool" / node).mkdir(exist_ok=True)
         lines = [
-            "# written by sharedfs.testing.slurm: a throwaway test cluster, fake nodes on one host",
+            "# written by harness.slurm: a throwaway test cluster, fake nodes on one host",
             "ClusterName=sharedfstest",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
@@ -395,7 +367,7 @@ def start(root: Path | None = None, *, nodes: int = 2, cpus: int = 4, epilog: st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sharedfs.testing.slurm", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.slurm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_start = sub.add_parser("start", help="configure and start a cluster in DIR")

@@ -17,7 +17,7 @@ installed releases (:func:`case_for`):
   ``localflock`` lets two nodes compile into one build directory at once.
 
 :func:`run_case` shows a case without sharedfs and then with it; the demo
-(:mod:`sharedfs.testing.scenarios`) and the tests (``tests/integration/test_torch.py``)
+(:mod:`sharedfs.demo.scenarios`) and the tests (``tests/integration/test_torch.py``)
 run the same cases, with the same :class:`Toolchain` and programs.
 
 The extension (``torch_ext/answer.cpp``) includes ``Python.h`` only, so a build takes
@@ -189,13 +189,20 @@ def kill_mid_build(chain: Toolchain, env: Mapping[str, str], timeout: float = 60
 def _kill_session(proc: subprocess.Popen[str]) -> None:
     """SIGKILL every process of ``proc``'s session, as Slurm kills a job's cgroup.
 
-    Not just its process group: ninja starts each command in a process group of its own.
+    Not just its process group: ninja starts each command in a process group of its own.  Listed again until
+    none is left: a compiler ninja forked after a listing would otherwise live on and finish the module later.
     """
-    for pid in [proc.pid, *_session_members(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    deadline = time.monotonic() + 10.0
+    while True:
+        members = [pid for pid in [proc.pid, *_session_members(proc.pid)] if pid != proc.pid or proc.poll() is None]
+        if not members or time.monotonic() > deadline:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
 
 
 def _session_members(session: int) -> list[int]:
@@ -208,7 +215,8 @@ def _session_members(session: int) -> list[int]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 3 and int(fields[3]) == session:  # field 6 of stat: the session id
+        # Field 6 of stat is the session id; a zombie (state Z) is dead already.
+        if len(fields) > 3 and int(fields[3]) == session and fields[0] != b"Z":
             members.append(int(entry))
     return members
 
@@ -316,7 +324,7 @@ def run_case(case: Case, work: Path, root: Path, env: Mapping[str, str] | None =
     directory on the case's filesystem (the local disk, or a hostilefs mount of
     ``case.profile``); ``env`` the base environment (default: this process's), without its
     ``SHAREDFS_*`` settings but with a ``LD_PRELOAD`` fault library's (``SHAREDFS_FAULT_*``,
-    :mod:`sharedfs.testing.preload`).  A program that hangs is shown hanging for
+    :mod:`sharedfs.demo.preload`).  A program that hangs is shown hanging for
     ``hang_after`` seconds; one that recovers gets a minute.  Raises
     :class:`ToolchainMissing` when no C++ compiler, ninja or Python.h is here.
     """
@@ -373,7 +381,7 @@ def _first_load(case: Case, chain: Toolchain, extensions: Path, base: dict[str, 
 def _two_nodes(case: Case, chain: Toolchain, extensions: Path, base: dict[str, str], plain: bool,
                hang_after: float) -> tuple[bool, str]:
     """Node a builds (held mid-compile); node b loads the same extension meanwhile: does b compile too?"""
-    from sharedfs.testing.nodes import node_env
+    from sharedfs.demo.nodes import node_env
 
     on_a = chain.env(node_env("a", base), extensions)
     on_b = chain.env(node_env("b", base), extensions)

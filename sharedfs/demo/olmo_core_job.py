@@ -2,10 +2,10 @@
 
 OLMo#829: rank 0 creates the checkpoint directory and every other rank waits a
 fixed 10 s until it sees it; on NFS and Lustre other nodes see it later.  This
-runs :mod:`sharedfs.testing.olmo_core_rank` (OLMo-core's ``save_state_dict``,
+runs :mod:`sharedfs.demo.olmo_core_rank` (OLMo-core's ``save_state_dict``,
 unchanged, no sharedfs call) in ``nodes x per_node`` processes of the OLMo-core
 venv (:func:`olmo_core_venv`), each on its simulated node (``SHAREDFS_NODE_ID``,
-its own node-local root: :mod:`sharedfs.testing.nodes`), joined by
+its own node-local root: :mod:`sharedfs.demo.nodes`), joined by
 ``torch.distributed`` over gloo on the loopback.  The demo's scenario and
 tests/integration/test_olmo_core.py both use it; tests/integration/test_olmo.py runs
 OLMo's (ai2-olmo) checkpointer the same way (its own rank program and venv, ``run_job(program=...)``).
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sharedfs.testing.frameworkvenv import cached_venv
-from sharedfs.testing.nodes import node_env
-from sharedfs.testing.ports import free_port
+from sharedfs.demo.frameworkvenv import cached_venv
+from sharedfs.demo.nodes import node_env
+from sharedfs.demo.ports import free_port
 
 __all__ = ["RANK_PROGRAM", "REQUIREMENTS", "Job", "olmo_core_venv", "run_job", "start_job", "summary"]
 
