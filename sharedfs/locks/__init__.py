@@ -1,26 +1,34 @@
 """``sharedfs.lock(path)``: a lock that is correct for the filesystem ``path`` lives on.
 
-The plugins choose the kind per path (``sharedfs_choose_lock``); this package
-carries the choice out behind filelock's own contract:
-
-* :mod:`~sharedfs.locks._api` -- the filelock-shaped class (:class:`SharedFSLock`,
-  and :func:`drop_in` for a framework's own filelock subclass);
-* :mod:`~sharedfs.locks._kinds` -- the four kinds (flock, posix, soft, lease), one
-  non-blocking attempt each;
-* :mod:`~sharedfs.locks._marker` -- the existence marker with its holder record,
-  stale-holder breaking and lease renewal.
-
-and, for shims and ``sharedfs locks`` (the other modules are the package's own):
-
-* :mod:`~sharedfs.locks.stock` -- a framework's lock file held the way stock filelock
-  holds it, beside sharedfs's own lock (torch's extension build lock);
-* :mod:`~sharedfs.locks.names` -- the names of the files sharedfs puts beside a
-  framework's lock, which ``sharedfs locks`` reads back;
-* :mod:`~sharedfs.locks.reporting` -- when a waiter says whom it waits for.
+What each module of the package does: docs/architecture.md, the folder table and "Lock files and their readers".
 """
 
-from sharedfs.errors import LockTimeout
-from sharedfs.locks._api import SharedFSLock, SharedFSLockMixin, drop_in, lock
-from sharedfs.locks._marker import marker_path
+MYPY = False  # not typing.TYPE_CHECKING: see sharedfs/__init__.py
+if MYPY:  # pragma: no cover
+    from typing import Any
+
+    from sharedfs.errors import LockTimeout as LockTimeout
+    from sharedfs.locks._api import SharedFSLock as SharedFSLock
+    from sharedfs.locks._api import SharedFSLockMixin as SharedFSLockMixin
+    from sharedfs.locks._api import drop_in as drop_in
+    from sharedfs.locks._api import lock as lock
+    from sharedfs.locks._marker import marker_path as marker_path
+
+# Imported on first use (PEP 562): _api loads filelock (44 M instructions), which a module of this package that
+# only reads lock files (torchbaton's readers, the `sharedfs locks` walker) must not cost a framework's import.
+_LAZY = {"LockTimeout": "sharedfs.errors", "SharedFSLock": "sharedfs.locks._api",
+         "SharedFSLockMixin": "sharedfs.locks._api", "drop_in": "sharedfs.locks._api", "lock": "sharedfs.locks._api",
+         "marker_path": "sharedfs.locks._marker"}
 
 __all__ = ["LockTimeout", "SharedFSLock", "SharedFSLockMixin", "drop_in", "lock", "marker_path"]
+
+
+def __getattr__(name: str) -> "Any":
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sharedfs.locks' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

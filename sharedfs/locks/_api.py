@@ -1,28 +1,6 @@
 """The filelock-shaped lock: filelock's ``BaseFileLock`` contract, sharedfs's choice of kind.
 
-Frameworks are handed a subclass of *their own* filelock class with
-:class:`SharedFSLockMixin` in front (:func:`drop_in`), and ``sharedfs.lock()``
-returns a :class:`SharedFSLock`; either way filelock itself provides the
-contract -- ``acquire(timeout, poll_interval, blocking)`` returning a context
-manager, re-entrancy per thread (``thread_local=True``), ``is_locked``,
-``lock_counter``, ``release(force=True)``, ``mode``, ``timeout`` -- in the
-version the user has installed, and the mixin only implements the two methods
-filelock's own lock classes implement: ``_acquire`` (one non-blocking attempt)
-and ``_release``.  What sharedfs adds lives there:
-
-* the kind is the plugins' choice for the lock file's filesystem, made on first
-  use (``sharedfs.machinery.choices.lock_choice``), and follows a run-time refusal of
-  native locks (ENOSYS/ENOLCK) to an existence lock;
-* existence markers carry the holder's record, so dead holders are recognised
-  on any node (:mod:`sharedfs.locks._marker`);
-* on a shared filesystem, the ranks of one node that wait for the same lock elect
-  one representative through a node-local gate (:mod:`sharedfs.cluster.gates`): only it
-  asks the shared filesystem, backing off with jitter up to ``SHAREDFS_POLL_INTERVAL``,
-  so the metadata load of a contended wait grows with nodes, not ranks;
-* a waiter says after 30 s, and every 2 minutes after, whom it waits for, and a
-  timeout raises :class:`sharedfs.LockTimeout` -- a ``filelock.Timeout`` whose
-  message names the holder and how to clear a lock whose holder is gone.
-"""
+What sharedfs adds to filelock's contract: docs/architecture.md, "Locks"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """What the next holder sees: a lock handed to another node waits out that node's client caches.
 
-A FUSE client (JuiceFS, MooseFS, GlusterFS) keeps each node's kernel dentry, attribute and
-negative-lookup caches for the timeouts it was mounted with.  flock excludes across clients,
-yet the next holder on node b opens a name node a just renamed over and gets the old inode
-from b's dentry cache, or finds a file a just created "missing" (docs/consistency.md has the
-measurements).  The lock cannot know which names its holder touched, so the rule is about time:
-
-* the holder writes its node into ``<lock>.last`` before it lets go (one inode, rewritten in
-  place: a fresh open reads what the server has, where a replaced name would not);
-* the next holder reads it before ``acquire()`` returns: written by its own node (one kernel,
-  one cache) or by nobody yet, it goes on at once; otherwise (another node, or cannot tell) it
-  holds the lock for the longest metadata cache timeout the mount declares, after which every
-  entry cached before the previous holder's writes has expired (read from the client; else declared
-  by a site plugin, :attr:`FsInfo.cache_seconds`; else, cannot tell, :data:`MAX_SETTLE`: see :func:`settle`);
-* a waiter that waited :data:`ASK_AFTER` seconds writes ``<lock>.want``; a holder of another node
-  that finds it lets go again (for at most :data:`HONOUR_FOR` per ask), so waiters on the
-  holder's node, which see a release first, cannot starve another node's.
-
-Mounts whose clients keep no metadata cache pay nothing: the lock has no :class:`Handover` there.
-"""
+The guarantee, the rule and its costs: docs/api.md, "What the next holder sees"."""
 
 from __future__ import annotations
 
@@ -36,7 +18,8 @@ from typing import NamedTuple
 from sharedfs.fs.directory import Directory, identity
 from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
 from sharedfs.locks._kinds import share
-from sharedfs.model.fsinfo import FsInfo, FuseClient, Mount, client_options, fuse_client
+from sharedfs.model.fsinfo import FsInfo, Mount
+from sharedfs.model.mounts import FuseClient, client_options, fuse_client
 from sharedfs.model.policy import TeamCache
 
 log = logging.getLogger("sharedfs")
@@ -53,7 +36,7 @@ CONFIG_CAP = 64 * 1024
 
 _RECORD = re.compile(rb"sharedfs (last|want) node=([0-9a-f]{16})\n *")
 
-#: sharedfs's own FUSE fake (``sharedfs.testing.hostilefs``): its ``lagging`` profile hides one node's new
+#: sharedfs's own FUSE fake (``sharedfs.demo.hostilefs``): its ``lagging`` profile hides one node's new
 #: entries from the others for ``--lag-ms``, as a negative-lookup cache would.
 _HOSTILEFS = FuseClient("hostilefs", "fuse", ("fuse.hostilefs",), "node-local", "node-local", True, True,
                         daemons=("hostilefs.py",), caches=(("profile", None), ("lag-ms", "2000")))

@@ -1,33 +1,6 @@
 """The four lock kinds in two small classes -- :class:`Native` (``flock``, ``posix``) and
-:class:`Existence` (``soft``, ``lease``) -- each making one non-blocking attempt per call.
-
-filelock's ``BaseFileLock`` owns the waiting loop, timeouts, re-entrancy and
-thread semantics; a kind only tries once (:meth:`try_acquire`) and releases in
-two steps, the way filelock's own ``UnixFileLock`` does in ``_release``: :meth:`unlock`
-(safe to repeat: a release a signal handler interrupted is retried) and :meth:`close`.
-
-==========  ==========================================  ==========================
-kind        exclusion by                                 correct across nodes when
-==========  ==========================================  ==========================
-``flock``   BSD ``flock(2)`` on the lock file            flock is cluster-coherent
-``posix``   ``fcntl`` record lock (GPFS arbitrates       POSIX locks are coherent
-            these across nodes: granite.build#322)       (GPFS, NFS with lockd)
-``soft``    the ``O_EXCL`` marker ``<lock>.held``        O_EXCL create is atomic
-``lease``   the marker, renewed while held               always, but a lease trades
-                                                        exclusion for progress
-==========  ==========================================  ==========================
-
-With ``LockChoice.marker`` (chosen for shared filesystems) a native kind takes the
-marker as well, after its native lock and before reporting success; so a process
-that fell back to an existence lock at run time (a node whose lockd died) still
-excludes, and is excluded by, every process that can use the native lock.
-
-Whether a marker's holder is gone is never decided here: :func:`_break_if_dead` asks the
-``sharedfs_holder_alive`` hook (a lease's expiry included: the hook gets how long this
-waiter saw the record unchanged).  What stays here is the marker protocol itself: a
-marker without a record (an empty one breaks after a grace, a garbled one counts as
-held) and a native-lock holder's marker once we hold that native lock.
-"""
+:class:`Existence` (``soft``, ``lease``) -- each making one non-blocking attempt per call
+(docs/architecture.md, "Locks")."""
 
 from __future__ import annotations
 

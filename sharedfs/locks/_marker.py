@@ -1,36 +1,6 @@
-"""The existence marker: ``<lock>.held``, created ``O_EXCL``, holding the holder's record.
+"""The existence marker: ``<lock>.held``, created ``O_EXCL``, holding the holder's record, and broken only on evidence.
 
-An existence lock is held while its marker exists.  The marker's content is the
-holder's :class:`~sharedfs.model.records.HolderRecord` (one file, written through the
-descriptor that created it), so a waiter on any node can tell who holds the lock
-and whether that holder is gone.  Native locks on a shared filesystem take the
-marker too (see :mod:`sharedfs.locks`): then a process that had to fall back to
-an existence lock at run time is still excluded by, and still excludes, every
-process that uses the native lock.
-
-A marker left by a dead holder is *broken* (unlinked) only on evidence:
-
-* a record of a native-lock holder, seen by a process that now holds that native
-  lock itself (the holder would still hold it if it were alive);
-* a lease whose marker was not renewed for the lease's duration, measured on the
-  waiter's own monotonic clock (no comparison of clocks of different nodes);
-* a holder the ``sharedfs_holder_alive`` hook declares dead (same node, boot and
-  PID namespace with its pid gone; or the scheduler says its job step ended);
-* an empty marker that stayed empty for :data:`EMPTY_GRACE` seconds (its creator
-  died between create and write, or the disk was full).
-
-Anything else -- a record another node wrote and nobody can vouch for, a symlink,
-a FIFO, garbage -- is "cannot tell": the lock stays held, and the waiter says
-once what it found and how to clear it by hand.  Breakers take turns through
-``<lock>.held.break`` and re-read the marker under it: the bytes and the inode
-must still be the dead holder's, so a successor's fresh marker is never removed.
-
-The taker's own record file (``<lock>.held.<crc>``, linked to the marker) lives in a directory
-others may write: one removed or replaced (by a directory, say) before the link makes that
-attempt contention (:class:`Tampered`), never an error out of ``acquire()`` nor a conclusion
-about the filesystem.  One left by a taker killed before its link is collected by waiters once
-its writer is provably gone (:func:`collect_leftovers`).
-"""
+docs/architecture.md, "Locks", says when a marker is broken and what takers killed half-way leave."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The names sharedfs gives lock files of its own that a framework's lock file stands beside.
+"""The names sharedfs gives its own lock files beside a framework's lock file (torch's build directory).
 
-Written by the shim that takes them (``shims/torch.py``) and read back by ``sharedfs locks``
-(``sharedfs/commands/lockfiles.py``), which must tell them from any other file: one definition
-for both.
+Written and read back by :mod:`sharedfs.locks.torchbaton`; ``sharedfs locks`` tells them from any other file by them.
 """
 
 from __future__ import annotations

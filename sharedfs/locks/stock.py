@@ -1,12 +1,6 @@
 """A lock file held the way stock filelock (``filelock.FileLock``, without sharedfs) holds it on its filesystem.
 
-A framework's lock file that programs without sharedfs also take (another environment, or
-``SHAREDFS_DISABLE``) excludes them only if sharedfs holds that file their way too, beside its
-own lock: the torch shim holds torch >= 2.14's extension build lock ``<build_dir>/lock`` so.
-:func:`stock_mechanism` finds out how stock filelock locks a file in a directory;
-:class:`StockLockFile` holds one that way.  Foreign files change hands only as
-:mod:`sharedfs.fs.polledfile` lets them: whole, and in one rename.
-"""
+So programs without sharedfs are excluded from a framework's lock file too (docs/architecture.md, "Locks")."""
 
 from __future__ import annotations
 

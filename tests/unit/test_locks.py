@@ -247,7 +247,7 @@ print(sharedfs.lock(sys.argv[1] + "/b.lock").kind)
 def test_a_native_lock_refused_at_run_time_falls_back_for_the_whole_mount(tmp_path: Path, errno_name: str) -> None:
     # The classification says "local ext4, flock works"; the kernel says otherwise (a
     # mislabelled mount, or lockd died): the job must go on, and say what happened.
-    from sharedfs.testing.preload import preload_env
+    from sharedfs.demo.preload import preload_env
 
     env = preload_env([str(tmp_path)], errno_name, base=clean_env())
     proc = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path)], capture_output=True, text=True, env=env)
