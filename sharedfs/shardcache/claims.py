@@ -1,13 +1,6 @@
 """The records in a cache's coordination tree: download claims and in-use markers.
 
-A download claim (``claims/<key>``) says a shard is being downloaded or was published;
-an in-use marker (``inuse/<key>.<pid>.<rand>``) says a reader has the shard open or is
-opening it.  Both are :class:`~sharedfs.model.records.HolderRecord` files, created
-``O_EXCL`` and changed only through the descriptor that created them
-(:mod:`sharedfs.fs.recordfile`), readable by every user of the cache.  :func:`_alive`
-decides whether the writer of one may still be using its shard: the one place that
-rule lives.
-"""
+:func:`_alive` is the one place that decides whether a record's writer may still use its shard."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""One download into the cache: a directory private to it, then into the cache by rename.
+"""One download into the cache: written in ``tmp/<key>.<rand>/``, private to its process, fsynced, renamed in.
 
-The framework's downloader writes the shard by path into ``tmp/<key>.<rand>/``, a
-directory only this process can write (:class:`_PrivateDir`); it is fsynced there and
-renamed into the cache, or -- across a quota realm, where the rename fails with EXDEV
--- copied in through a :class:`~sharedfs.fs.publish.Publication`, as is every file
-:func:`download_atomic` writes for callers without the per-shard protocol.
+Across a quota realm (EXDEV) it is copied in through a :class:`~sharedfs.fs.publish.Publication` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +21,8 @@ from sharedfs.fs import stale
 from sharedfs.fs.directory import Directory, Identity, identity
 from sharedfs.fs.publish import Publication, Replaced
 from sharedfs.fs.safefile import NOFOLLOW
-from sharedfs.shardcache.tree import _current, _empty
+from sharedfs.shardcache.heldtrees import empty as _empty
+from sharedfs.shardcache.tree import _current
 
 if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy, TeamCache

@@ -1,17 +1,6 @@
 """Eviction: deleting shards no live reader needs, and what dead processes left behind.
 
-One evictor per cache at a time (``evict.lock``); a shard goes only under its stripe
-lock and with no live in-use marker; :func:`evictor` first sweeps markers, claims and
-private downloads whose processes are gone.
-
-Every shard is looked at and removed through the cache directory's descriptor
-(:func:`~sharedfs.shardcache.tree.open_cache`: the very directory this process first
-used at that name, opened ``O_NOFOLLOW``), subdirectories from their parent's
-descriptor, and a shard is unlinked only while its name is still the file that was
-judged (device and inode).  Whoever may write the cache's parent can rename the cache
-away and put a symlink to another directory at its name; the round is then skipped
-with one line, and nothing is deleted.
-"""
+Every removal goes through descriptors (docs/architecture.md, "The shard cache")."""
 
 from __future__ import annotations
 
