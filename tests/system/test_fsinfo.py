@@ -18,20 +18,13 @@ from pathlib import Path
 
 import pluggy
 import pytest
+from harness.skips import skip_or_fail
 
 from sharedfs.machinery import hookspecs
-from sharedfs.model.fsinfo import (
-    MAGIC,
-    FsInfo,
-    Mount,
-    clear_mount_cache,
-    mount_for,
-    parse_mountinfo,
-    statfs_magic,
-)
+from sharedfs.model.fsinfo import MAGIC, FsInfo, Mount, parse_mountinfo
+from sharedfs.model.mounts import clear_mount_cache, mount_for, statfs_magic
 from sharedfs.model.policy import resolve
 from sharedfs.plugins import filesystem, locking
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 
 def _safe(info: FsInfo) -> str | None:
@@ -390,7 +383,7 @@ def _names(pid: str, program: str, point: str) -> bool:
 def test_client_options_come_from_the_mounting_users_client_not_from_a_look_alike(tmp_path: Path) -> None:
     from helpers.unixusers import throwaway_users
 
-    from sharedfs.model.fsinfo import client_options, fuse_client
+    from sharedfs.model.mounts import client_options, fuse_client
 
     point = str(tmp_path / "jfs")
     mount = Mount(point, "fuse.juicefs", "JuiceFS:vol", options={"user_id": "0"})

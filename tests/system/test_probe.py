@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.skips import skip_or_fail
 
 import sharedfs.commands.probe
 from sharedfs.commands.probe import CHECKS, SCHEMA_VERSION, probe
-from sharedfs.testing.pytest.skips import skip_or_fail
 
 TOP_KEYS = {"schema", "path", "node", "workdir", "writable", "error", "seconds", "results", "cleanup"}
 RESULT_KEYS = {"ok", "errno", "detail", "timed_out", "seconds"}

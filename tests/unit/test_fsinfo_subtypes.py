@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from sharedfs.errors import NoSafeLockError
-from sharedfs.model.fsinfo import FUSE_CLIENTS, Mount, _argv_options, _params_file_options, fuse_client, parse_mountinfo
+from sharedfs.model.fsinfo import Mount, parse_mountinfo
+from sharedfs.model.mounts import FUSE_CLIENTS, _argv_options, _params_file_options, fuse_client
 from sharedfs.model.policy import resolve
 from sharedfs.plugins import filesystem, locking
 
