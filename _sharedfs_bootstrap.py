@@ -11,9 +11,9 @@ kept out of this module, whose every byte each interpreter unmarshals) and
 :mod:`sharedfs.startup.activation` (pluggy, metadata, policy, shims).
 The shape follows virtualenv's ``_virtualenv.py`` finder.
 
-This module is the entry point and the one table of shims at once.  The kernel
-reads its tables and switches it (:mod:`sharedfs.machinery.registry` reads
-``TARGETS``; :mod:`sharedfs.startup.onimport`, :mod:`sharedfs.startup.control` and
+This module is the entry point and holds the one table of shims, :data:`SHIMS`.  The
+kernel reads it and switches the finder (:mod:`sharedfs.machinery.registry` reads
+``SHIMS``; :mod:`sharedfs.startup.onimport`, :mod:`sharedfs.startup.control` and
 ``sharedfs status`` read and switch the finder), and it calls into the package in
 one place only: :func:`_activate` and :func:`find_spec` import
 :mod:`sharedfs.startup.onimport` inside the function, once a target has been
@@ -32,53 +32,56 @@ import sys
 DISABLE = "SHAREDFS_DISABLE"
 TRUE_VALUES = frozenset({"1", "true", "yes", "on", "all", "*"})
 
-#: Built-in shim name -> the module whose import triggers it.  A static table, as
-#: in ddtrace's ``_monkey.py``, so that nothing has to be imported to know it; each
-#: shim declares the same ``target`` (tests/unit/test_shim.py checks that they agree).
-TARGETS = {
-    "datasets": "datasets",
-    "webdataset": "webdataset",
-    "wids": "wids",
-    # The hub's package is a lazy facade; the lock lives in (and is bound from) this module.
-    "huggingface_hub": "huggingface_hub.utils._fixes",
-    "mmengine": "mmengine",
+# How a built-in shim is applied once its target is imported (docs/architecture.md, "Applying a shim").
+AT_ONCE = "at once"  # right after the target executes: sharedfs loads and patches
+STAND_IN = "stand-in"  # stand-ins (stdlib only) for the attributes named; sharedfs loads at their first call
+PENDING = "pending"  # stdlib-only guards on an error path; sharedfs loads at the first error that could be its
+FOLLOWER = "follower"  # right after the first activation that loads sharedfs anyway
+#: After ``how``: also applied with any other shim's activation, whatever its own target.
+COMPANION = "companion"
+
+#: The one table of built-in shims: name -> (the module whose import triggers it, how it is applied
+#: then, and for a stand-in {module: attributes replaced}, else optionally COMPANION).  Static, as
+#: ddtrace's ``_monkey.py``: nothing is imported to know it.  A shim's ``target`` is its row's.
+SHIMS = {  # type: dict[str, tuple]
+    "datasets": ("datasets", AT_ONCE),
+    "webdataset": ("webdataset", AT_ONCE),
+    "wids": ("wids", AT_ONCE),
+    # The hub's package is a lazy facade; the lock lives in (and is bound from) this module.  The stand-in
+    # loads none of sharedfs at the import (a quarter of `from huggingface_hub import hf_hub_download`).
+    "huggingface_hub": ("huggingface_hub.utils._fixes", STAND_IN, {
+        "huggingface_hub.utils._fixes": ("FileLock",),
+        "huggingface_hub.utils._shared_blobs": ("FileLock",),  # hub 2.x xet blob store
+    }),
+    # What it patches is used by the runner, whose import applies the two shims below.
+    "mmengine": ("mmengine", FOLLOWER),
     # Patched when the program imports them, never imported to be patched (`import mmengine`
     # alone does not load the runner: ~800 modules).
-    "mmengine.runner": "mmengine.runner",
-    "mmengine.hooks": "mmengine.hooks.checkpoint_hook",
-    "xtuner": "xtuner.dataset.huggingface",  # defines process_hf_dataset; `import xtuner` does not load it
-    "torch": "torch.utils.data",  # DataLoader; imported by `import torch`
+    "mmengine.runner": ("mmengine.runner", AT_ONCE),
+    "mmengine.hooks": ("mmengine.hooks.checkpoint_hook", AT_ONCE),
+    "xtuner": ("xtuner.dataset.huggingface", AT_ONCE),  # defines process_hf_dataset; `import xtuner` does not
+    # DataLoader (imported by `import torch`); its worker cap touches only datasets other shims registered.
+    "torch": ("torch.utils.data", FOLLOWER),
     # torch's compile caches: each patched when torch itself imports the module, never imported to be patched.
-    "torch.cpp_ext": "torch.utils.cpp_extension",
-    "torch.filelock": "torch.utils._filelock",
-    "torch.inductor": "torch._inductor.runtime.cache_dir_utils",
-    "makedirs": "torch.distributed",  # os.makedirs / Path.mkdir; also applied with any other shim
-    "olmo": "olmo.util",  # wait_for; olmo.checkpoint binds it by name after
-    "olmo_core": "olmo_core.utils",  # wait_for, imported before the modules that bind it by name
+    "torch.cpp_ext": ("torch.utils.cpp_extension", AT_ONCE),
+    "torch.filelock": ("torch.utils._filelock", AT_ONCE),
+    "torch.inductor": ("torch._inductor.runtime.cache_dir_utils", AT_ONCE),
+    "makedirs": ("torch.distributed", PENDING, COMPANION),  # os.makedirs / Path.mkdir
+    "olmo": ("olmo.util", AT_ONCE),  # wait_for; olmo.checkpoint binds it by name after
+    "olmo_core": ("olmo_core.utils", AT_ONCE),  # wait_for, imported before the modules that bind it by name
     # Where OLMo-core is handed a checkpoint directory (OLMO_SHARED_FS); patched when the program imports them.
-    "olmo_core.checkpoint": "olmo_core.distributed.checkpoint",
-    "olmo_core.train": "olmo_core.train.checkpoint",
-    "triton": "triton.runtime.cache",  # get_cache_manager; imported by `import triton`
+    "olmo_core.checkpoint": ("olmo_core.distributed.checkpoint", AT_ONCE),
+    "olmo_core.train": ("olmo_core.train.checkpoint", AT_ONCE),
+    "triton": ("triton.runtime.cache", AT_ONCE),  # get_cache_manager; imported by `import triton`
     # The remote-code module cache (HF_MODULES_CACHE); loaded by the Auto* classes, not by `import transformers`.
-    "transformers": "transformers.dynamic_module_utils",
-    "diffusers": "diffusers.utils.dynamic_modules_utils",  # the same module cache, diffusers' own copy of it
-    "torch_hub": "torch.hub",  # load_state_dict_from_url; imported by `import torch`
-    "modelscope": "modelscope_hub._download",  # _optional_file_lock; imported by `import modelscope_hub`
-    "megatron": "megatron.core.datasets.gpt_dataset",  # GPTDataset's index cache (path_to_cache)
-    "tvm_ffi": "tvm_ffi.cpp.extension",  # its JIT build lock; imported by `import tvm_ffi`
-}
-
-#: Modules where a shim only replaces the lock class the framework builds its locks from:
-#: module -> (shim name, class or function attribute, ...).  On import the class gets a stand-in
-#: (:mod:`sharedfs.machinery.standin`, stdlib only) and sharedfs itself -- pluggy, the plugins, the
-#: policy -- loads on the first lock, not at the import (a quarter of `from huggingface_hub
-#: import hf_hub_download`).  Any SHAREDFS_DISABLE value takes the eager path instead.
-STAND_INS = {
-    "huggingface_hub.utils._fixes": ("huggingface_hub", "FileLock"),
-    "huggingface_hub.utils._shared_blobs": ("huggingface_hub", "FileLock"),  # hub 2.x xet blob store
-    # `import torch` imports torch.hub: stand-in functions, so that it loads nothing of sharedfs.
+    "transformers": ("transformers.dynamic_module_utils", AT_ONCE),
+    "diffusers": ("diffusers.utils.dynamic_modules_utils", AT_ONCE),  # diffusers' own copy of that cache
+    # `import torch` imports torch.hub: stand-ins, so that it loads nothing of sharedfs.
     # _get_cache_or_reload: what torch.hub.load / list / help call for a GitHub repository.
-    "torch.hub": ("torch_hub", "load_state_dict_from_url", "_get_cache_or_reload"),
+    "torch_hub": ("torch.hub", STAND_IN, {"torch.hub": ("load_state_dict_from_url", "_get_cache_or_reload")}),
+    "modelscope": ("modelscope_hub._download", AT_ONCE),  # _optional_file_lock; imported by `import modelscope_hub`
+    "megatron": ("megatron.core.datasets.gpt_dataset", AT_ONCE),  # GPTDataset's index cache (path_to_cache)
+    "tvm_ffi": ("tvm_ffi.cpp.extension", AT_ONCE),  # its JIT build lock; imported by `import tvm_ffi`
 }
 
 #: The module names watched while installed (the table's, plus third-party shims' targets).
@@ -92,11 +95,26 @@ _busy = set()  # type: set[str]
 _finder = None
 
 
+def parse_disable(raw):
+    """The one parser of the ``disable`` setting (every source): sorted names, ``("all",)`` or ``()``.
+
+    Here, stdlib only, because the bootstrap reads the variable before the package may load;
+    ``sharedfs.model.settings`` calls it for the variable, the config file and ``configure()``.
+    """
+    items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+    names = tuple(sorted({str(item).strip().lower() for item in items if str(item).strip()}))
+    if any(name in TRUE_VALUES for name in names):
+        return ("all",)
+    if any(name in ("0", "false", "no", "off") for name in names):
+        return ()
+    return names
+
+
 def disabled_entirely(environ=None):
     """True when ``SHAREDFS_DISABLE`` asks for nothing at all to be installed."""
     if environ is None:
         from os import environ
-    return environ.get(DISABLE, "").strip().lower() in TRUE_VALUES
+    return parse_disable(environ.get(DISABLE, "")) == ("all",)
 
 
 def install():
@@ -119,8 +137,10 @@ def install_finder(respect_disable=True):
     global _finder
     if _finder is not None or (respect_disable and disabled_entirely()):
         return
-    _targets.update(TARGETS.values())
-    _targets.update(STAND_INS)
+    for row in SHIMS.values():
+        _targets.add(row[0])
+        if row[1] == STAND_IN:
+            _targets.update(row[2])  # the modules that get stand-ins
     _finder = sys.modules[__name__]
     sys.meta_path.insert(0, _finder)
     # A target imported before us (another .pth, or sharedfs.enable() at run time)

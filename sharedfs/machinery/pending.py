@@ -1,21 +1,6 @@
 """Pending guards: ``os.makedirs`` / ``Path.mkdir`` guarded from ``import torch.distributed`` on, sharedfs loaded later.
 
-``import torch`` imports ``torch.distributed``, the ``makedirs`` shim's target.  Loading sharedfs
-there (pluggy, the plugins, the policy: about 20 ms, 1.5 % of the import) for a guard that acts
-only on an error path would charge every torch program, so the bootstrap puts these in place
-instead, built from the standard library alone (the stand-ins of :mod:`sharedfs.machinery.standin`
-do the same for lock classes).  Each calls the original, unchanged; only when the original raises
-an error the guard could be for -- ``FileExistsError`` with ``exist_ok=True`` or for a parent
-``os.makedirs`` is making, or ``FileNotFoundError`` below a parent whose guard waited the whole
-timeout in this very call -- it activates the shim (version gate, policy, ``SHAREDFS_DISABLE``)
-and hands it that error.  The shim's guard then stands in their place (it wraps the originals:
-:func:`unwrap`); if the shim stays off they give way to the originals and the error is raised as
-it was.  A refused activation (a malformed setting) raises out of the call, as it would have out
-of ``import torch``.
-
-This module also holds the thread's guard state (:data:`recent`), which the pending guards and
-the shim's share: an ``os.makedirs`` call entered through a pending guard meets the shim's
-memory of its parent once the shim took over below it.
+Standard library only: loading sharedfs in ``import torch`` for an error-path guard would cost every torch program.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The uniform shape of a shim: what it targets, which versions, ``patch`` / ``unpatch``.
 
-A shim module (``sharedfs/shims/<framework>.py``) defines one :class:`Shim`
-subclass and returns an instance from the ``sharedfs_register_shims`` hook.
-It applies what it is handed -- the :class:`~sharedfs.Policy` and a
-:class:`ShimContext` with the plugins' decisions for its framework -- and
-decides nothing of its own: sharedfs's settings reach it only as the policy, it
-asks the plugins only through :mod:`sharedfs.machinery.choices` (their answers,
-asked once and cached), and the environment it reads is its framework's own
-(``OLMO_SHARED_FS``, ``TRITON_CACHE_MANAGER``, ``XTUNER_DATASET_TIMEOUT``: to do
-what the framework would do with them).  Every change it makes goes through its :class:`Patcher`,
-so ``unpatch`` restores exactly what was there (the OpenTelemetry
-``instrument``/``uninstrument`` habit).
+Every change goes through a :class:`Patcher`, so ``unpatch`` restores exactly what was there.
 """
 
 from __future__ import annotations
@@ -19,6 +9,7 @@ import sys
 from types import ModuleType
 from typing import Any, ClassVar, MutableMapping
 
+import _sharedfs_bootstrap as _bootstrap
 from sharedfs.machinery import pending
 from sharedfs.machinery.standin import unwrap
 from sharedfs.model.policy import CachePlacement, Policy
@@ -93,7 +84,8 @@ class Shim:
 
     #: Shim name: the plugin name, and what ``SHAREDFS_DISABLE=name`` blocks.
     name: ClassVar[str]
-    #: The module whose import triggers this shim.
+    #: The module whose import triggers this shim: a built-in shim's is its row of the bootstrap's table
+    #: (set here, never repeated); a third-party shim names its own.
     target: ClassVar[str]
     #: The distribution whose installed metadata gives the version; ``None`` for a shim of the
     #: standard library, gated on the interpreter instead (``supported`` is then a range of CPython
@@ -106,6 +98,12 @@ class Shim:
     #: ``None`` for a framework without a cache sharedfs places.
     cache_env: ClassVar[str | None] = None
     cache_default: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        row = _bootstrap.SHIMS.get(cls.__dict__.get("name", ""))
+        if row is not None and "target" not in cls.__dict__:
+            cls.target = row[0]
 
     def __init__(self) -> None:
         self.patcher = Patcher()

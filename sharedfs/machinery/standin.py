@@ -1,26 +1,6 @@
 """Stand-ins: a framework's lock class (or function) replaced at import by one that activates sharedfs on first use.
 
-A shim whose only job at import is to replace the lock class a framework builds
-its locks from (the hub's ``huggingface_hub.utils._fixes.FileLock``) does not need
-the policy, the plugins or pluggy until the framework takes its first lock; a
-program that imports ``hf_hub_download`` and never downloads should not pay for
-them (about 40 ms, a quarter of that import).  So the bootstrap puts a stand-in
-in the class's place -- a subclass of the original, built here from the standard
-library alone -- and the first call of the stand-in:
-
-1. activates sharedfs for that shim (the same path an eager import takes:
-   version gate, policy, the shim's ``apply``, which wraps the framework's own
-   class: :func:`unwrap`),
-2. puts the original back if the shim stayed off (disabled, unsupported, an
-   internal error) -- the module goes from stand-in to replacement or original
-   directly, so a thread that reads the class meanwhile gets the stand-in and
-   waits for the activation, never the unpatched class -- and
-3. builds the lock from whatever class the module holds now.
-
-A refused activation (a malformed setting, an unsafe directory) raises out of the
-framework's lock construction and leaves the stand-in waiting, so every later lock
-raises too: failing closed, never falling back to the unpatched class.  Only the
-standard library is imported here: this module loads at the framework's import.
+Standard library only, and failing closed: a refused activation raises, never falls back to the unpatched class.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Applying shims: right after a target framework executes, each of its shims gets the policy.
 
-Called by the bootstrap's finder (and by :func:`sharedfs.configure` /
-:func:`sharedfs.enable`).  The rules every shim is applied by live here (docs/architecture.md,
-"Applying a shim"):
-
-* every patch is version-gated against the framework's *installed metadata*
-  (read before anything is patched; a module may lie or be half-initialised);
-* an internal error in a shim is logged once, with how to report it, and that
-  shim stays off (``SHAREDFS_STRICT=1`` re-raises, as CI does);
-* a malformed setting (:class:`sharedfs.ConfigError`) or a refused safety check
-  (:class:`sharedfs.UnsafeDirectoryError`) is not our bug but the user's
-  situation: it propagates out of the framework's import -- failing closed,
-  never falling back to the unsafe default the shim exists to avoid.
+An internal error leaves that shim off; a bad setting or refused safety check fails the import (fails closed).
 """
 
 from __future__ import annotations
@@ -21,6 +10,7 @@ import sys
 import threading
 from typing import Any, Iterable
 
+import _sharedfs_bootstrap as _bootstrap
 from sharedfs.errors import SharedFSError
 from sharedfs.machinery import choices, distinfo, runtime, standin
 from sharedfs.machinery.hookspecs import NAME
@@ -69,11 +59,10 @@ def targets() -> set[str]:
     return {state.shim.target for state in shim_states().values()}
 
 
-#: Built-in shims applied whenever any other shim is, whatever their own target: they guard calls of
-#: the standard library (``os.makedirs``, ``Path.mkdir``) that every framework makes on the shared
-#: filesystem sharedfs was loaded for, so a program that loads sharedfs for datasets, without
-#: ``torch.distributed``, is covered too.  ``SHAREDFS_DISABLE=<name>`` still keeps each off (:func:`apply`).
-COMPANIONS = ("makedirs",)
+#: Built-in shims applied whenever any other shim is, whatever their own target (the bootstrap's table):
+#: they guard calls of the standard library (``os.makedirs``) every framework makes on the shared filesystem
+#: sharedfs was loaded for.  ``SHAREDFS_DISABLE=<name>`` still keeps each off (:func:`apply`).
+COMPANIONS = tuple(name for name, row in _bootstrap.SHIMS.items() if _bootstrap.COMPANION in row[2:])
 
 
 def activate(target: str, builtin: Iterable[str] | None = None) -> set[str]:

@@ -1,10 +1,6 @@
 """What the bootstrap's finder does once a target framework is imported: wrap its loader, then activate.
 
-``_sharedfs_bootstrap`` is loaded by every interpreter, so it keeps only what start-up
-needs (the tables, the finder's ``find_spec``, install and uninstall); everything that
-runs once a target module has been found lives here and is imported then.  Like the
-bootstrap, this is an entry point above the kernel: the kernel is imported inside
-:func:`activate`, only when a framework really is in use.
+Kept out of ``_sharedfs_bootstrap``, which every interpreter loads; the kernel is imported only in :func:`activate`.
 """
 
 from __future__ import annotations
@@ -17,24 +13,16 @@ import _sharedfs_bootstrap as _bootstrap
 #: True while a stand-in activates its shim: imports made meanwhile take the eager path.
 _resolving = False
 
-#: Built-in shims whose target's import alone does not load sharedfs: they are applied right after
-#: the first activation that does load it, or at once when it is loaded already.  Not while a
-#: third-party plugin is installed: its shims may target the same module, and only loading sharedfs tells.
-#:
-#: * ``torch``: the DataLoader worker cap touches only datasets that a framework shim (webdataset,
-#:   wids) registered -- ``import torch`` would pay ~20 ms (1.5 %) for a patch that cannot act.
-#: * ``mmengine``: what it patches (``mkdir_or_exist``, the local file backend's ``put``, the hook
-#:   registry) is used by the runner, whose import applies the sibling shims ``mmengine.runner`` /
-#:   ``mmengine.hooks`` (``mmengine.runner`` imports ``mmengine.hooks.checkpoint_hook``), which load
-#:   sharedfs: this one is applied right then, before any ``Runner`` exists.  ``import mmengine``
-#:   alone (~0.2 s since 0.10.7 stopped importing torch) would pay ~7 % for loading sharedfs.
-FOLLOWERS = frozenset({"torch", "mmengine"})
-#: Built-in shims whose patch acts only on an error path: importing their target alone does not load
-#: sharedfs either (``import torch`` imports ``torch.distributed``, the ``makedirs`` shim's target), it
-#: puts stdlib-only pending guards in place, which activate the shim at their first error that could
-#: be the shim's (:mod:`sharedfs.machinery.pending`); any activation before that applies it at once.
-#: Not while a third-party plugin is installed or SHAREDFS_DISABLE is set (as for FOLLOWERS and stand-ins).
-PENDING = frozenset({"makedirs"})
+# Read from the bootstrap's table (docs/architecture.md, "Applying a shim", says why each waits).  Not
+# in the bootstrap: every interpreter loads it, and only one that imports a target needs these.
+#: Shim name -> target module.
+TARGETS: dict[str, str] = {name: row[0] for name, row in _bootstrap.SHIMS.items()}
+#: Module -> (stand-in shim, attribute, ...).  Any SHAREDFS_DISABLE value, or a third-party plugin
+#: installed, takes the at-once path instead.
+STAND_INS: dict[str, tuple[str, ...]] = {module: (name, *attrs) for name, row in _bootstrap.SHIMS.items()
+                                         if row[1] == _bootstrap.STAND_IN for module, attrs in row[2].items()}
+FOLLOWERS = frozenset(name for name, row in _bootstrap.SHIMS.items() if row[1] == _bootstrap.FOLLOWER)
+PENDING = frozenset(name for name, row in _bootstrap.SHIMS.items() if row[1] == _bootstrap.PENDING)
 #: The entry-point group of third-party plugins (``registry.NAME``; tests/unit/test_shim.py checks).
 PLUGIN_GROUP = "sharedfs"
 #: Followers' targets imported while sharedfs was not loaded, waiting for the first activation.
@@ -71,12 +59,12 @@ def hook_exec_module(loader: Any, fullname: str) -> None:
 
 def activate(module_name: str) -> None:
     """Apply the shims for ``module_name`` (just imported), or put a stand-in in place (see ``STAND_INS``)."""
-    stand_in = _bootstrap.STAND_INS.get(module_name)
+    stand_in = STAND_INS.get(module_name)
     # Not while a third-party plugin is installed (as for FOLLOWERS and PENDING): its shims may target the same
     # module (a site's own torch.hub shim), and only loading sharedfs tells.
     if stand_in is not None and not _resolving and not _plugins_installed() and _stand_in(module_name, *stand_in):
         return
-    names = {name for name, target in _bootstrap.TARGETS.items() if target == module_name}
+    names = {name for name, target in TARGETS.items() if target == module_name}
     if names and names <= FOLLOWERS and "sharedfs.startup.activation" not in sys.modules and not _plugins_installed():
         if module_name not in _deferred:
             _deferred.append(module_name)
@@ -143,7 +131,7 @@ def _stand_in(module_name: str, shim: str, *attrs: str) -> bool:
 def _activate_for(shim: str) -> None:
     """Activate ``shim`` now (a stand-in's first use): import its target if need be, eagerly."""
     global _resolving
-    target = _bootstrap.TARGETS[shim]
+    target = TARGETS[shim]
     _resolving = True
     try:
         if target in sys.modules:

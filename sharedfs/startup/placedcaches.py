@@ -1,22 +1,6 @@
 """Exporting the placed-cache table's decisions (:mod:`sharedfs.model.caches`) into this process's environment.
 
-Run when sharedfs activates (the first import of a framework it patches, Triton's included),
-before that framework's code reads its variable, so the library and every process it starts
-(compiler workers, ninja, ``torch.compile`` subprocesses) use the placed directory.  A
-variable already set is left alone: the user's own value (one log line says what sharedfs would
-have done), or the same placement inherited from a parent process (nothing to say).  A value
-naming another user's node-local directory (``<root>/sharedfs-<uid>/...``, 0700) is not the
-user's setting but a parent's export inherited across ``su``/``setpriv``/``subprocess.run(user=...)``:
-this process places its own directory instead, as if the variable were unset (the parent's
-directory would answer ``PermissionError``).  What is exported here is exactly what ``sharedfs
-env`` prints, and :func:`restore` takes it back (:func:`sharedfs.disable`), the inherited value
-included.
-
-Nothing is exported before it is made or checked: a node-local placement is created 0700 (or
-found ours and private) by :func:`sharedfs.node_local_dir`, level by level by descriptor, when
-the rows are asked with ``create=True``.  A refused one (another user made
-``<root>/sharedfs-<uid>/...`` first, a symlink on the way) leaves its variable as the user had it
-and says so in one warning; ``sharedfs env`` refuses outright (:func:`exports`).
+Before the framework reads its variable, so every process it starts inherits it; a user's value is left alone.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -76,9 +78,9 @@ def test_a_failing_apply_leaves_nothing_behind(module) -> None:
     assert module.value == "original" and not shim.applied
 
 
-def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> None:
+def test_the_bootstraps_table_is_every_builtin_shim_and_the_only_place_a_target_is_written() -> None:
     # The bootstrap spells its table (and the DISABLE variable) itself so that start-up imports
-    # nothing from the package; these are the copies that must agree.
+    # nothing from the package: one row per shim, no shim without a row, no target written twice.
     from importlib import import_module
 
     import _sharedfs_bootstrap as _bootstrap
@@ -87,18 +89,21 @@ def test_the_bootstraps_target_table_names_each_builtin_shims_own_target() -> No
 
     declared = {}
     for module in BUILTIN_SHIMS:
-        for shim in import_module(f"sharedfs.shims.{module}").sharedfs_register_shims():
+        shim_module = import_module(f"sharedfs.shims.{module}")
+        source = Path(shim_module.__file__ or "").read_text()
+        assert not re.search(r"^\s+target\s*=", source, re.M), f"shims/{module}.py: a target is its row of SHIMS"
+        for shim in shim_module.sharedfs_register_shims():
             declared[shim.name] = shim.target
-    assert declared == _bootstrap.TARGETS
+    assert declared == {name: row[0] for name, row in _bootstrap.SHIMS.items()}
+    ways = {_bootstrap.AT_ONCE, _bootstrap.STAND_IN, _bootstrap.PENDING, _bootstrap.FOLLOWER}
+    for name, (_target, how, *details) in _bootstrap.SHIMS.items():
+        assert how in ways, name
+        assert how != _bootstrap.STAND_IN or isinstance(details[0], dict), f"{name}: which attributes to stand in"
+        assert how == _bootstrap.STAND_IN or set(details) <= {_bootstrap.COMPANION}, name
     assert (_bootstrap.DISABLE, _bootstrap.TRUE_VALUES) == (envvars.DISABLE, envvars.TRUE_VALUES)
     from sharedfs.machinery.registry import NAME
-    from sharedfs.startup.onimport import FOLLOWERS, PLUGIN_GROUP
+    from sharedfs.startup.onimport import PLUGIN_GROUP
 
-    assert FOLLOWERS <= set(declared), "a follower must be a built-in shim (its target's import defers it)"
-    from sharedfs.startup.activation import COMPANIONS
-    from sharedfs.startup.onimport import PENDING
-
-    assert set(COMPANIONS) <= set(declared) and PENDING <= set(declared), "companions and pending shims are built-in"
     assert PLUGIN_GROUP == NAME, "a follower defers only while no third-party plugin is installed"
 
 
