@@ -1,12 +1,6 @@
 """Settings from the TOML file (``SHAREDFS_CONFIG``) and the ``SHAREDFS_*`` environment.
 
-Both are read at the first import of a target framework, so neither may hang it
-or fail with anything but a :class:`~sharedfs.ConfigError` that names the
-variable: the file is read only if it is a regular file (a FIFO or ``/dev/zero``
-named by mistake is refused at once, never read), at most :data:`MAX_FILE_BYTES`,
-and must be UTF-8 TOML; an environment value longer than :data:`MAX_VALUE_CHARS`
-is refused before it is parsed.  The file may be a symlink: the user named it,
-and following a link the user chose is what they asked for.
+Read at a framework's first import, so neither may hang it or fail with anything but a named ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -18,16 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sharedfs.errors import ConfigError
-from sharedfs.model import envvars
-from sharedfs.model.settings import BY_NAME, SETTINGS
-from sharedfs.types import Layer, hookimpl
+from sharedfs.types import BY_NAME, MAX_VALUE_CHARS, Layer, envvars, from_environ, hookimpl
 
 FILE_PRIORITY = 100
 ENV_PRIORITY = 200
 #: A policy file is a few hundred bytes; a site file with other tables, a few KiB.
 MAX_FILE_BYTES = 1024 * 1024
-#: No setting's value is longer than a path.
-MAX_VALUE_CHARS = 4096
 
 
 @hookimpl
@@ -36,16 +26,7 @@ def sharedfs_settings_layers(environ: Mapping[str, str]) -> list[Layer]:
     path = environ.get(envvars.CONFIG, "").strip()
     if path:
         layers.append(read_toml_layer(path))
-    values = {}
-    origins = {}
-    for setting in SETTINGS:
-        raw = environ.get(setting.env, "")
-        if len(raw) > MAX_VALUE_CHARS:
-            raise ConfigError(setting.env, raw[:40] + "...",
-                              f"at most {MAX_VALUE_CHARS} characters ({setting.expected})", f"it has {len(raw)}")
-        if raw.strip():  # an exported-but-empty variable means "not set", as in most tools
-            values[setting.name] = raw
-            origins[setting.name] = setting.env
+    values, origins = from_environ(environ)
     layers.append(Layer("environment", ENV_PRIORITY, values, origins))
     return layers
 

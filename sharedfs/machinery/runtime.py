@@ -1,10 +1,4 @@
-"""This process's sharedfs: its plugin registry, its resolved policy, who it is.
-
-Everything here is created on first use (the first target import, or a call of
-the public API) and shared by the whole process.  Other modules ask here and
-never rebuild any of it: :func:`registry` for the plugins, :func:`policy` for the
-settings in force, :func:`identity` for the rank and node.
-"""
+"""This process's sharedfs: its plugin registry, its resolved policy, who it is; made on first use, shared by all."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from sharedfs.machinery.registry import Registry
 from sharedfs.model import envvars
 from sharedfs.model.identity import ProcessIdentity
 from sharedfs.model.policy import Policy, explicit_layer, resolve
-from sharedfs.model.settings import BY_NAME, log_level
+from sharedfs.model.settings import BY_NAME, from_environ, log_level
 from sharedfs.model.structs import mutable
 
 log = logging.getLogger(NAME)
@@ -45,8 +39,12 @@ def _get_state() -> _State:
     with _lock:
         if _state is None:
             _ensure_handler()
-            # Read before any plugin loads, so blocking happens at registration (pluggy set_blocked).
-            blocked = BY_NAME["disable"].parse(os.environ.get(envvars.DISABLE, ""))
+            # Read before any plugin loads, so blocking happens at registration (pluggy set_blocked); a bad
+            # value blocks nothing here and is refused, with what was wrong, when the policy is resolved.
+            try:
+                blocked = BY_NAME["disable"].parse(from_environ(os.environ)[0].get("disable", ""))
+            except ConfigError:
+                blocked = ()
             _state = _State(registry=Registry(blocked=blocked))
         return _state
 

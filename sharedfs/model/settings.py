@@ -1,18 +1,13 @@
-"""The settings a user can give, their defaults, and how each raw value is validated.
-
-One table, :data:`SETTINGS`, is the single place a setting is defined: its
-policy field name (also its TOML key), its environment variable, its default
-and its parser.  Plugins only *supply* raw values (see
-``sharedfs_settings_layers``); validation happens here so every error reads
-the same way.
-"""
+"""The settings a user can give, their defaults, and how each raw value is validated (one table: :data:`SETTINGS`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+import _sharedfs_bootstrap as _bootstrap
+from sharedfs.errors import ConfigError
 from sharedfs.model import envvars
 from sharedfs.model.structs import frozen
 
@@ -120,13 +115,8 @@ def _group(raw: Any) -> str:
 
 
 def _names(raw: Any) -> tuple[str, ...]:
-    items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
-    names = tuple(sorted({str(item).strip().lower() for item in items if str(item).strip()}))
-    if any(name in envvars.TRUE_VALUES for name in names):
-        return ("all",)
-    if any(name in ("0", "false", "no", "off") for name in names):
-        return ()
-    return names
+    parsed: tuple[str, ...] = _bootstrap.parse_disable(raw)  # the bootstrap reads the variable with it too
+    return parsed
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -177,3 +167,27 @@ def default_node_id() -> str:
 
 def log_level(name: str) -> int:
     return int(getattr(logging, name.upper()))
+
+
+#: No setting's value is longer than a path.
+MAX_VALUE_CHARS = 4096
+
+
+def from_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Every setting's raw value in ``environ`` and the variable it came from: the one reader of the
+    ``SHAREDFS_*`` variables (the settings plugin's layer, and the registry's blocking before plugins load).
+
+    A value longer than :data:`MAX_VALUE_CHARS` is refused before it is parsed; an exported-but-empty
+    variable means "not set", as in most tools.
+    """
+    values: dict[str, str] = {}
+    origins: dict[str, str] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.env, "")
+        if len(raw) > MAX_VALUE_CHARS:
+            raise ConfigError(setting.env, raw[:40] + "...",
+                              f"at most {MAX_VALUE_CHARS} characters ({setting.expected})", f"it has {len(raw)}")
+        if raw.strip():
+            values[setting.name] = raw
+            origins[setting.name] = setting.env
+    return values, origins

@@ -113,3 +113,14 @@ def test_configure_overrides_the_environment_and_rejects_bad_values(fresh_runtim
     with pytest.raises(ConfigError, match="argument lock='nope' is not valid"):
         fresh_runtime.configure(lock="nope")
     assert fresh_runtime.policy().lock == "soft"  # a rejected call changes nothing
+
+
+@pytest.mark.parametrize("raw", ["1", " TRUE ", "all", "1,datasets", "datasets, ALL", "datasets", "wids,0", "", " , "])
+def test_the_bootstrap_and_the_policy_read_disable_alike(raw: str) -> None:
+    """One parser for every source: the bootstrap (which installs nothing when everything is disabled) and
+    the policy agree.  Before, the bootstrap compared the whole value with its true values: ``1,datasets``
+    installed the finder while the policy read ``("all",)``."""
+    import _sharedfs_bootstrap as bootstrap
+
+    policy = resolve([Layer("environment", 200, {"disable": raw} if raw.strip() else {})])
+    assert bootstrap.disabled_entirely({"SHAREDFS_DISABLE": raw}) == (policy.disable == ("all",)), policy.disable
