@@ -1,9 +1,4 @@
-"""Built-in deciding plugins (installed as ``sharedfs.plugins``).
-
-Each module implements hooks from :mod:`sharedfs.machinery.hookspecs` to *decide* part
-of the policy, imports its names from :mod:`sharedfs.types`, and is named in
-``registry.BUILTIN_PLUGINS``.  A plugin never patches anything.
-"""
+"""Built-in deciding plugins (installed as ``sharedfs.plugins``): each decides part of the policy, never patches."""
 
 # In a source checkout this folder is also importable as the top-level ``plugins`` package,
 # which would load each module a second time, with state of its own.  There is one name.

@@ -1,25 +1,11 @@
-"""Where framework caches live under the ``cache`` setting.
-
-``shared`` keeps each framework's own cache directory: sharedfs's locks make a
-shared cache correct.  ``node-local`` moves caches to a job-scoped, per-user,
-mode-0700 directory on node-local storage (:func:`sharedfs.node_local_dir`).
-``auto`` keeps a framework's default unless that default is a fixed name in a
-directory every user of the node can write (wids' ``/tmp/_wids_cache``): another
-user can create it first and plant cache content there.  A directory the user
-chose through the framework's own variable always wins.
-
-The rows of the placed-cache table (:mod:`sharedfs.model.caches`: Triton's, DeepGEMM's,
-FlashInfer's... kernel caches, ``request.per_node``) follow one more rule under ``auto``: a
-default on a filesystem the plugins classify as shared goes per node, ``<default>/<node>``.
-"""
+"""Where framework caches live under the ``cache`` setting; a directory the user chose always wins."""
 
 from __future__ import annotations
 
 import os
 import stat
 
-from sharedfs.cluster.dirs import node_local_dir
-from sharedfs.types import CachePlacement, CacheRequest, Policy, hookimpl
+from sharedfs.types import CachePlacement, CacheRequest, Policy, hookimpl, node_local_dir
 
 
 @hookimpl(trylast=True)  # the built-in rule: a site plugin's plain @hookimpl answers first

@@ -1,18 +1,6 @@
-"""Built-in plugin: what each cluster filesystem can do for locking.
+"""Built-in plugin: what each cluster filesystem can do for locking, from the mount alone, each rule with its source.
 
-Pure knowledge: :func:`classify` looks only at a :class:`~sharedfs.model.fsinfo.Mount`
-(fstype, mount options, statfs magic) and touches no file.  Every rule says
-why, with the public source it comes from (upstream issue threads by repository
-and number, and the filesystems' own documentation).
-
-The vocabulary (``coherent`` / ``node-local`` / ``absent``) is defined in
-:mod:`sharedfs.model.fsinfo`.  When the mount options cannot tell, the rule answers
-with the weaker claim: a lock wrongly believed coherent lets two nodes write
-the same cache entry, while a lock wrongly believed node-local only costs the
-slower existence lock.  A site that knows better (say, BeeGFS with
-``tuneUseGlobalFileLocks=true``) overrides this plugin with its own
-``sharedfs_classify_filesystem`` implementation: this one is ``trylast``, so a
-plain ``@hookimpl`` answers first (docs/architecture.md shows one).
+Where options cannot tell, it answers with the weaker claim; it is ``trylast`` so a site's plugin answers first.
 """
 
 from __future__ import annotations
@@ -20,8 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from sharedfs.model.fsinfo import ABSENT, COHERENT, MAGIC, NODE_LOCAL, FuseClient, fuse_client, magic_name
-from sharedfs.types import FsInfo, Mount, hookimpl
+from sharedfs.types import (
+    ABSENT,
+    COHERENT,
+    MAGIC,
+    NODE_LOCAL,
+    FsInfo,
+    FuseClient,
+    Mount,
+    fuse_client,
+    hookimpl,
+    magic_name,
+)
 
 __all__ = ["classify", "sharedfs_classify_filesystem"]
 
@@ -234,7 +232,7 @@ def _fuse(mount: Mount) -> FsInfo:
 
 
 def _fuse_client(mount: Mount, client: FuseClient) -> FsInfo:
-    """A FUSE client of :data:`~sharedfs.model.fsinfo.FUSE_CLIENTS`: its documented facts, then the options
+    """A FUSE client of :data:`~sharedfs.model.mounts.FUSE_CLIENTS`: its documented facts, then the options
     it was started with (which mountinfo never shows: they are read from its command line)."""
     options = mount.client_options
     flock, posix = client.flock, client.posix

@@ -1,21 +1,12 @@
-"""Choose the lock kind for a path from its filesystem and the ``lock`` setting.
+"""Choose the lock kind for a path from its filesystem and the ``lock`` setting: the one place a kind is decided.
 
-This is the one place a lock kind is decided (the kernel asks it once per
-directory and setting, through ``sharedfs_choose_lock``, and caches the answer).
-
-Correct before fast: a lock that excludes only within one node is treated as
-no lock at all on a path other nodes share (GPFS flock: filelock#389; NFS
-``local_lock=all``: 2653 overlaps in 2829 acquisitions, claude-swap#372).
-On a shared filesystem a native lock also takes the existence marker
-(``LockChoice.marker``), so a process that must fall back to an existence lock
-at run time (its node's lockd died) stays mutually exclusive with the rest.
+Correct before fast: a lock that excludes within one node only counts as no lock on a shared path.
 """
 
 from __future__ import annotations
 
 from sharedfs.errors import NoSafeLockError
-from sharedfs.model.fsinfo import COHERENT, NODE_LOCAL
-from sharedfs.types import FsInfo, LockChoice, Policy, hookimpl
+from sharedfs.types import COHERENT, NODE_LOCAL, FsInfo, LockChoice, Policy, hookimpl
 
 NATIVE = ("flock", "posix")  # cheapest first
 

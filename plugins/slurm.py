@@ -1,46 +1,11 @@
 """Slurm: node identity and ranks from ``SLURM_*`` variables, and whether a lock holder's job step still runs.
 
-Under Slurm the node's name is ``SLURMD_NODENAME`` (several slurmd on one host
-share a host name but not a node name), contributed as a settings layer below
-the environment so an explicit ``SHAREDFS_NODE_ID`` still wins (and is then not
-trusted to prove a holder dead, see :attr:`sharedfs.Policy.node_id_trusted`).
-
-A soft lock whose holder was killed (scancel, preemption, time limit, OOM, a
-crashed task) stays behind; filelock breaks it only for a dead pid on its own
-host, so the rerun on another node hangs until someone deletes files by hand
-(ishandhanani/srt-slurm#251, modelscope#1778).  The
-holder record names the Slurm job and step, so a waiter asks the scheduler.
-The holder is gone when
-
-* its job will never run again;
-* its job runs but no longer lists the holder's step: a multi-step job whose
-  step 0 was killed (``scancel JOB.0``, a task that died) while step 1 now
-  waits on step 0's lock;
-* the listed step (or the running job) started well after the holder took the
-  lock: that is a later incarnation of a requeued job, whose step ids restart.
-
-This assumes a step's processes end with the step (proctrack kills them), and
-that ``record.slurm_step`` is the step the holder really runs in.  A holder
-without a step (a batch script: Slurm does not set ``SLURM_STEP_ID`` there) is
-alive as long as its job is; so is any holder of a heterogeneous job, whose
-``SLURM_JOB_ID``/``SLURM_STEP_ID`` do not name the component's step.
-
-One query per node, not per process: the answer is cached in a node-local
-directory private to the user and shared by all of the user's processes there
-(:func:`_shared_facts`), so 512 ranks waiting on one holder cost slurmctld one
-``squeue`` per :data:`CACHE_SECONDS`, not 512.  And a constant rate per job,
-not per node: a node of an N-node job reuses an answer for N / JOB_QUERY_RATE
-seconds on average (at least CACHE_SECONDS), each node at its own random phase, so the
-whole job asks about JOB_QUERY_RATE times per second and some node still asks
-about every 1 / JOB_QUERY_RATE seconds (how soon a dead holder is noticed).
-slurmctld's per-user RPC rate limit (``SlurmctldParameters=rl_enable``) refills
-2 tokens per second by default (src/slurmctld/rate_limit.c), and every rank of
-a job runs as the same user: 1,024 nodes asking every 2 s would be 512/s.
+When a holder counts as gone, and why one ``squeue`` per node answers every rank there: docs/slurm.md,
+"How sharedfs tells a killed job's holder is gone".
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -57,10 +22,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
-from sharedfs.fs.publish import publish
-from sharedfs.fs.safefile import NOFOLLOW, read_untrusted
-from sharedfs.model.structs import frozen
-from sharedfs.types import HolderRecord, Layer, Policy, ProcessIdentity, hookimpl
+from sharedfs.types import (
+    NOFOLLOW,
+    HolderRecord,
+    Layer,
+    Policy,
+    ProcessIdentity,
+    frozen,
+    hookimpl,
+    lock_by,
+    publish,
+    read_untrusted,
+)
 
 SLURM_PRIORITY = 150  # above the TOML file (100), below SHAREDFS_* (200)
 
@@ -585,16 +558,11 @@ def _flock(path: str, deadline: float) -> int | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
     except OSError:
         return None
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        if lock_by(fd, deadline, max_pause=0.01):  # the ranks of a node wait for one query: notice it at once
             return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        except OSError:
-            break
+    except OSError:
+        pass
     os.close(fd)
     return None
 

@@ -1,39 +1,6 @@
 """Team caches: a directory a group of users shares, so what is created there must be the group's too.
 
-A lab puts one ``HF_HOME`` on Lustre for everyone, as a setgid, group-writable
-directory.  With the default umask 022 the first user's lock file is 0644 and the
-next user cannot take it (datasets#7900, datasets#6589, datasets#2065;
-huggingface_hub fixed its own lock files in huggingface_hub#2580), and every
-directory the first user's framework made is 2755, so the next user cannot add
-a dataset, a blob or a shard to it.
-
-A directory is a team cache when
-
-* the ``shared_group`` setting (``SHAREDFS_SHARED_GROUP``) names a group: every
-  directory is then the group's (the user said so);
-* it is setgid and group-writable: the way a site sets up a project directory
-  (``chmod 2775``); its group is the team;
-* its default ACL grants a named group write access (``setfacl -d -m g:<group>:rwX``);
-* it is a setgid directory *inside* such a directory, with the same group, that
-  the group may still enter and read: a directory a framework made there under a
-  restrictive umask (2755 under 022).  The walk climbs only while the setgid bit
-  and the group are inherited unchanged, and stops at a directory the group may
-  not read (2700: private on purpose), so a user's private directory inside a
-  project directory never becomes the team's.
-
-sharedfs then creates its lock files and markers there with group read/write and
-that group, whatever the creator's umask (``sharedfs.locks``), and gives the group
-what the frameworks create in their caches there (``sharedfs.cluster.teamfiles``).
-Nothing outside such a directory is widened.
-
-A directory reached through a symlink that someone other than the user (or root) may
-have made or replaced -- one in a group-writable directory, whoever owns it -- is never
-a team cache, whatever the rules above say about where it points
-(:mod:`sharedfs.fs.trustedpath`): a member who makes the cache root a symlink to one
-of your own directories (``ln -s ~alice/proj /team/hf/datasets``) must not get it
-widened for the group, nor, once such a root was refused, the place it led to under its
-real path (datasets names its lock files by it).  The framework then works there as it
-does without sharedfs.
+The rules, and why a root reached through another member's symlink never counts: docs/security.md, Team caches.
 """
 
 from __future__ import annotations
@@ -42,11 +9,8 @@ import grp
 import os
 import stat
 
-from sharedfs.cluster.teamfiles import default_acl_group, refused
 from sharedfs.errors import ConfigError
-from sharedfs.fs import trustedpath
-from sharedfs.model.records import group_name
-from sharedfs.types import Policy, TeamCache, hookimpl
+from sharedfs.types import Policy, TeamCache, default_acl_group, group_name, hookimpl, refused, trustedpath
 
 #: The group may enter and list a directory: it is not private on purpose.
 _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
@@ -56,7 +20,7 @@ _GROUP_RX = stat.S_IRGRP | stat.S_IXGRP
 def sharedfs_team_cache(directory: str, policy: Policy) -> TeamCache | None:
     resolved = trustedpath.resolve(directory)
     if refused(resolved):
-        return None  # wherever it points was chosen by whoever made the symlink (module docstring)
+        return None  # wherever it points was chosen by whoever made the symlink (docs/security.md, Team caches)
     # Climb from where the user's own symlinks lead (~/.cache/huggingface -> /scratch/lab/hf), not from
     # the spelling: the parent of the link's own directory says nothing about the directory it names.
     directory = resolved.real

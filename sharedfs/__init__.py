@@ -1,16 +1,6 @@
 """sharedfs: one lock/cache policy for ML frameworks on cluster shared filesystems.
 
-The ``.pth`` autoloader does not import this package: its finder
-(``_sharedfs_bootstrap``) imports :mod:`sharedfs.startup` once a target framework
-has been imported.  This module defines names only; the public API below is
-imported on first attribute access (PEP 562), so ``import sharedfs`` stays cheap.
-
-The folders are the kernel's layers, each importing only those below it
-(docs/architecture.md): ``commands`` > ``startup`` > ``shardcache`` > ``locks`` >
-``cluster`` > ``machinery`` > ``model`` > ``fs``.  Plugins and shims import
-:mod:`sharedfs.types` (their types and ``hookimpl``) and the public modules.
-
-Public API::
+The public API is imported on first attribute access (PEP 562), so ``import sharedfs`` stays cheap::
 
     sharedfs.policy()                 # the resolved, immutable Policy
     sharedfs.configure(**settings)    # explicit settings for this process (highest precedence)

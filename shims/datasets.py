@@ -1,45 +1,6 @@
 """Hugging Face ``datasets``: every cache lock goes through :func:`sharedfs.lock`; caches follow the policy.
 
-datasets takes all its locks through ``datasets.utils._filelock.FileLock``
-(a ``filelock.FileLock`` = BSD flock), imported by name into ``builder``,
-``utils.file_utils`` and ``utils.extract``.  On Lustre without ``-o flock``
-that raises "FileSystem does not appear to support flock" (datasets#6395), on
-NFS without lockd "[Errno 37] No locks available" (datasets#1672), and on
-GPFS / ``localflock`` / ``local_lock`` it silently excludes only one node.
-The replacement keeps datasets' own behaviour (long-name hashing, umask-based
-mode, wait forever by default) and lets the plugins choose the lock kind for
-each path.
-
-Four more changes, each for a failure no filelock release can fix:
-
-* ``Dataset.map`` runs under a lock per input dataset (of the class datasets' own
-  locks are, beside the input's cache files), so N ranks that map the
-  same cached dataset compute it once and the others load the result
-  (datasets writes map results to a temp file and renames it, so without the
-  lock nothing is corrupted, but every rank redoes the work at once).
-* The cache moves to a node-local directory under ``SHAREDFS_CACHE=node-local``.
-* The multi-node pickle trap: a ``Dataset`` pickles its
-  memory-mapped Arrow table as a *path* (``MemoryMappedTable.__getstate__``).
-  XTuner's ``process_hf_dataset`` prepares on rank 0 and
-  ``broadcast_object_list``\\ s the dataset; a rank on another node then gets a
-  bare FileNotFoundError for a node-local path (LlamaFactory#3065,
-  ms-swift#3667).  The pickled state now also carries the sender's node and
-  node-local root; the receiver opens its own node's copy when that node
-  prepared one, and otherwise raises :class:`NodeLocalDatasetError` explaining
-  the cause and the two fixes.
-* Team caches (a lab's ``HF_HOME`` in a setgid, group-writable directory; see
-  ``plugins/teamcache.py``): under the default umask 022 datasets makes every
-  directory there 2755 and every file 0644, so the next member of the group
-  cannot add a dataset or a map result, nor open a lock file for writing
-  (datasets#7900, datasets#6589, datasets#2065).  The cache root is watched
-  (:mod:`sharedfs.cluster.teamfiles`): what this process creates under it is given to the
-  group -- directories g+rwx and setgid, files g+rw, by descriptor and only this
-  user's entries -- before each datasets lock is tried or released, when
-  ``download_and_prepare`` and ``map`` return (including what ``num_proc``
-  workers wrote), at exit, and otherwise within a second (so a job killed
-  half-way through a preparation leaves it preparable by the next member).  The umask is never changed: it is the whole
-  process's, and lowering it around a call would widen what every other thread
-  creates meanwhile, anywhere.
+Also ``map`` once per cache, node-local datasets that survive pickling, team-cache group bits.
 """
 
 from __future__ import annotations
@@ -52,14 +13,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.cluster import teamfiles
-from sharedfs.cluster.dirs import node_local_root
 from sharedfs.errors import LockTimeout, SharedFSError
-from sharedfs.fs.umask import current_umask
-from sharedfs.locks import drop_in
-from sharedfs.machinery import choices
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import (
+    Policy,
+    Shim,
+    ShimContext,
+    choices,
+    current_umask,
+    decision,
+    drop_in,
+    hookimpl,
+    node_local_root,
+    teamfiles,
+)
 
 #: Modules that bind ``FileLock`` by name at import time.
 LOCK_SITES = (
@@ -86,7 +52,6 @@ class NodeLocalDatasetError(SharedFSError, FileNotFoundError):
 
 class DatasetsShim(Shim):
     name = "datasets"
-    target = "datasets"
     distribution = "datasets"
     # utils/_filelock.py appeared in 2.14; tested with 3.6 and 5.2 (tests/integration/test_datasets.py).
     supported = ">=2.14,<6"
@@ -184,19 +149,11 @@ _held = threading.local()
 def make_locked_map(original: Callable[..., Any], lock_class: type) -> Callable[..., Any]:
     """``Dataset.map`` behind a lock per input dataset, so concurrent ranks compute a map once.
 
-    ``lock_class`` is the class datasets' own locks now are (its ``FileLock`` with sharedfs's kinds
-    and, in a team cache, the group given what was made before the lock is tried or released): a
-    lock in datasets' cache named and moded by datasets' rules, and one class for filelock to model
-    its constructor for (once per class and process, ~475 Python calls).
-
-    The lock sits beside the input's cache files and is named after its fingerprint.  The
-    first rank takes it and computes (datasets publishes the result by temp file + rename);
-    every other rank waits until it is free, lets go at once, and then runs ``map`` unlocked,
-    which finds the published cache file and loads it -- in parallel, instead of handing an
-    exclusive lock from rank to rank for a cache hit.  If the first rank died without
-    publishing, the others compute, as datasets would without sharedfs.  In-memory
-    datasets, ``keep_in_memory=True`` and disabled caching have no shared result to reuse,
-    so they run unlocked.
+    ``lock_class`` is the class datasets' own locks now are (one class: filelock models its constructor once).
+    The first rank computes under the lock (beside the input's cache files, named after its fingerprint); the
+    others wait until it is free, let go at once and run ``map`` unlocked, loading the published result in
+    parallel, or computing it if the first rank died.  In-memory datasets, ``keep_in_memory=True`` and
+    disabled caching have no shared result, so they run unlocked.
     """
 
     @functools.wraps(original, assigned=_NAME_AND_DOC)

@@ -1,42 +1,6 @@
 """Hugging Face ``huggingface_hub``: the hub cache's locks get a kind that is correct for their filesystem.
 
-Every lock the hub takes around its cache (``hf_hub_download`` blobs,
-``snapshot_download``, local-dir downloads, the stored-tokens file) goes through
-``huggingface_hub.utils._fixes.WeakFileLock``, a context manager that builds a
-``filelock.FileLock`` (BSD flock) from the ``FileLock`` name of its own module,
-in every release from 0.22 (what datasets 3.x and transformers 4.48 accept) to
-2.x.  It falls back to ``SoftFileLock`` only on filelock's "use SoftFileLock
-instead" NotImplementedError, so:
-
-* NFS without lockd (ENOLCK) fails every download with "[Errno 37] No locks
-  available", whatever the filelock version (datasets#1672);
-* GPFS / Lustre ``localflock`` / NFS ``local_lock`` flock excludes one node only;
-* a job killed while holding the soft fallback leaves a ``.lock`` that old
-  filelock never breaks and new filelock breaks only from the same host:
-  every later job logs "Still waiting to acquire lock" forever
-  (huggingface_hub#2543).
-
-The shim replaces that one name -- ``FileLock`` in ``_fixes`` -- with filelock's
-class behind sharedfs's kinds (:func:`sharedfs.locks.drop_in`).  The hub's own
-``WeakFileLock`` keeps running unchanged: its timeout loop, its "Still waiting to
-acquire lock on ..." INFO lines every ``FILELOCK_LOG_EVERY_SECONDS``, its
-weak release and its 0o664 lock files are exactly upstream's.  hub 2.x also
-locks its shared xet blob store with ``filelock.FileLock`` in
-``utils._shared_blobs``; that module's ``FileLock`` name is replaced too.
-
-Team caches (a lab's ``HF_HOME`` in a setgid, group-writable directory; see
-``plugins/teamcache.py``): the hub makes its lock files 0o664 (huggingface_hub#2580),
-but every directory it makes (``blobs/``, ``snapshots/<commit>/``, ``refs/``,
-``.locks/<repo>/``) is 2755 under umask 022, so the next member of the group
-cannot add a blob, a snapshot or a lock file, and the first download of a new file
-fails with ``PermissionError`` on its lock -- or, with sharedfs before this change,
-waited for that lock forever.  The hub cache (``HF_HUB_CACHE``, and the cache of a
-``cache_dir=`` argument, found from its ``.locks`` directory) is watched
-(:mod:`sharedfs.cluster.teamfiles`): what this process creates there is given to the group
--- directories g+rwx and setgid, files g+rw, by descriptor and only this user's --
-before each hub lock is tried (the directories the hub made for the download exist
-by then) or released (the blob and the snapshot link are in place by then), at
-exit, and otherwise within a second.  ``HF_HOME`` itself, with the token files in it, is never touched.
+Only the ``FileLock`` name the hub's ``WeakFileLock`` uses is replaced; team caches get group bits.
 """
 
 from __future__ import annotations
@@ -46,21 +10,14 @@ from importlib import import_module
 from types import ModuleType
 from typing import Callable
 
-from sharedfs.cluster import teamfiles
-from sharedfs.locks import drop_in
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Shim, ShimContext, drop_in, hookimpl, teamfiles
 
-#: The hub's lock helper; its module is this shim's target (see ``_sharedfs_bootstrap.TARGETS``).
-FIXES = "huggingface_hub.utils._fixes"
 #: hub 2.x: the xet shared-blob store, which uses ``filelock.FileLock`` directly.
 SHARED_BLOBS = "huggingface_hub.utils._shared_blobs"
 
 
 class HuggingFaceHubShim(Shim):
     name = "huggingface_hub"
-    # huggingface_hub/__init__ imports nothing eagerly (a lazy facade): trigger on the module
-    # that defines the lock helper instead, which also runs before any module binds it.
-    target = FIXES
     distribution = "huggingface_hub"
     # datasets 3.0 accepts hub >= 0.22, transformers 4.48 >= 0.24; WeakFileLock builds its lock from
     # _fixes.FileLock in every release from 0.22 to 2.4 (read in 0.22.0, 0.24.0, 0.36.0, 1.0.0, 2.4.0).

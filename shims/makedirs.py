@@ -1,42 +1,6 @@
 """makedirs: ``os.makedirs`` and ``Path.mkdir`` that a shared filesystem's lagging metadata cannot break.
 
-Every rank of a job runs ``os.makedirs(run_dir, exist_ok=True)`` (lingua's checkpoint and
-trace directories, lingua#49) or ``Path(run_dir).mkdir(parents=True, exist_ok=True)``
-(torch DCP's ``FileSystem.mkdir``, pytorch#92553).  On NFS, Lustre or BeeGFS one node's
-``mkdir`` answers EEXIST because another node just made the directory, and the
-``isdir`` that ``exist_ok`` asks next is answered from this node's attribute or
-negative-lookup cache: "no such directory".  The standard library then raises
-``FileExistsError`` for a directory that exists (cpython#142916), or, one level down,
-``FileNotFoundError`` for the child of a parent that answered EEXIST a moment before
-(Automodel#3686, prime-rl#2699, mlcommons/storage#699).
-
-The guard changes only that error path, and waits only on the lag's own symptom: mkdir
-answered EEXIST, yet this node's lookup finds nothing there.  The original runs first,
-unchanged; only when it raises ``FileExistsError`` with ``exist_ok=True`` (the path did not
-look like a directory), or for a parent that ``os.makedirs`` is about to swallow the error of
-and make a child in, and only where the filesystem plugins classify the path as shared, does
-the guard wait until the path is visible here (:func:`sharedfs.wait_for`: it re-lists the
-parent, which makes NFS revalidate, and one waiter per node looks), then run the original
-again, backing off while mkdir answers EEXIST and the stdlib's ``isdir`` still says no (a
-client whose negative-lookup cache outlives the re-listing, as MooseFS's does).  Whatever
-re-listing does not change is the standard library's answer, at its speed and as the same
-object: a regular file or a dangling symlink in the way (visible, not a directory),
-``exist_ok=False`` from the caller, any FileNotFoundError (a missing parent), a local
-filesystem.  On timeout it is still
-the caller's exception type (its ``except FileExistsError`` keeps working), with a note
-(PEP 678; a log line before Python 3.11) that says what sharedfs waited for and what to raise.
-
-Recursion: ``os.makedirs`` creates a missing parent through the module's global
-``makedirs`` and ``Path.mkdir`` through ``self.parent.mkdir``, so each level goes through
-the guard and recovers its own EEXIST; the levels of one call share one deadline (a
-thread-local), so a deep path never waits longer than the setting says.  ``os.makedirs``
-swallows a parent's FileExistsError and then fails on the child with FileNotFoundError: when
-the parent's guard waited the whole timeout, the child's error carries the same note; that
-memory matches only an error raised inside that very ``os.makedirs`` call (its frame), so a
-FileExistsError a caller handled never makes a later call wait.
-
-Names bound before the shim applied (``from os import makedirs``) keep the original:
-:func:`sharedfs.makedirs` is the API for them (``docs/api.md``).
+Only the EEXIST-yet-invisible error path waits (cpython#142916; the design: docs/api.md, the makedirs guard).
 """
 
 from __future__ import annotations
@@ -51,11 +15,8 @@ import time
 from types import FrameType, ModuleType
 from typing import Any, Callable
 
-from sharedfs.cluster.dirs import wait_for
 from sharedfs.errors import WaitTimeout
-from sharedfs.machinery import choices, pending
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Shim, ShimContext, choices, decision, hookimpl, pending, wait_for
 
 log = logging.getLogger("sharedfs")
 
@@ -235,7 +196,6 @@ def guard_mkdir(original: Callable[..., None], timeout: float) -> Callable[..., 
 
 class MakedirsShim(Shim):
     name = "makedirs"
-    target = "torch.distributed"  # every multi-rank program imports it; also applied with any other shim
     distribution = None  # the standard library: gated on the interpreter's version
     supported = ">=3.9,<3.14"  # the CPython versions whose os.makedirs and Path.mkdir this was tested against
 

@@ -1,31 +1,6 @@
 """Megatron (``megatron-core``): the GPT dataset's index cache is published whole and waited for.
 
-``GPTDataset._build_document_sample_shuffle_indices`` keeps three arrays per dataset and split in
-``path_to_cache`` (by default ``<data prefix>/cache/GPTDataset_indices``):
-``<md5>-GPTDataset-<split>-{description.txt,document_index.npy,sample_index.npy,shuffle_index.npy}``.
-Global rank 0 builds them when any is missing and writes them with plain ``numpy.save`` at their
-final names; the builder's barrier follows, and every other rank checks each file once with
-``os.path.isfile`` and memory-maps it.  So:
-
-* a rank 0 killed while it writes (Slurm's time limit, the OOM killer) leaves a short ``.npy`` that
-  every later job accepts: ``ValueError: mmap length is greater than file size`` on every rerun,
-  until someone deletes the cache by hand;
-* on NFS and Lustre, a file rank 0 just wrote can stay invisible to other nodes for seconds after
-  the barrier: ``FileNotFoundError ... GPTDataset-train-document_index.npy`` (Megatron-LM#35, #1355;
-  Megatron-DeepSpeed#356; gpt-neox#919);
-* a ``path_to_cache`` on node-local storage (``/tmp``, a local NVMe) in a multi-node job has the files
-  on rank 0's node only, and the other nodes fail with the same bare ``FileNotFoundError``
-  (Megatron-LM#907).
-
-The shim wraps that method.  The builder (global rank 0, or the only process) accepts the cache only
-when all four files are there and each ``.npy`` is as long as its header says; otherwise megatron
-builds the arrays into a private directory beside the cache (its own code, with ``path_to_cache``
-pointing there), and each file is fsynced and renamed into place, so a file at its final name is
-always whole.  Every other rank waits (:func:`sharedfs.wait_for`, ``SHAREDFS_WAIT_TIMEOUT``) until
-the four files are visible and whole, then lets megatron load them.  On node-local storage there is
-nothing to wait for -- rank 0 built the files before the barrier, and a local disk has no lag -- so a
-rank that does not see them raises :class:`NodeLocalIndexCacheError`, naming the cause and the fix.
-``fast_cache_load`` (every rank loads, no barrier) and ``defer_npy_index_mmap`` are left to megatron.
+Stock writes the ``.npy`` files in place and other nodes check once (the failures: docs/frameworks/megatron.md).
 """
 
 from __future__ import annotations
@@ -41,13 +16,8 @@ import tempfile
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.cluster.dirs import wait_for
 from sharedfs.errors import SharedFSError
-from sharedfs.fs.directory import Directory
-from sharedfs.fs.publish import fsync_dir
-from sharedfs.machinery import choices
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Directory, Policy, Shim, ShimContext, choices, decision, fsync_dir, hookimpl, wait_for
 
 #: The files of one dataset split in ``path_to_cache``, after ``<md5>-GPTDataset-<split>-``.
 ARRAYS = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
@@ -70,7 +40,6 @@ class NodeLocalIndexCacheError(SharedFSError, FileNotFoundError):
 
 class MegatronShim(Shim):
     name = "megatron"
-    target = "megatron.core.datasets.gpt_dataset"
     distribution = "megatron-core"
     # The cache protocol (isfile after the barrier, numpy.save at the final names) read in 0.16.1;
     # tested with 0.16.1 (tests/integration/test_megatron.py); 0.17 and later need Python >= 3.12.

@@ -1,27 +1,6 @@
 """mmengine: ``SharedFSHook`` for ``custom_hooks``, race-free runner directories, complete checkpoints.
 
-Three field failures of mmengine 0.10.x runs on cluster filesystems:
-
-* Every rank calls ``mmengine.mkdir_or_exist`` (``os.makedirs(exist_ok=True)``) on
-  the work dir and the log dir in ``Runner.__init__``.  On NFS/BeeGFS the losing
-  ranks get ``FileExistsError``: ``mkdir`` answers EEXIST, then ``isdir`` asks a
-  stale attribute cache (lingua#49, prime-rl#2699).  Every
-  name that binds ``mkdir_or_exist`` now points at :func:`sharedfs.makedirs`
-  (non-collective: the same function runs on one rank in ``LocalBackend.put``).
-* Checkpoints are written in place (``LocalBackend.put`` opens the final name),
-  and ``last_checkpoint`` is truncated and rewritten: another rank or a resumed
-  job can read half of either.  Both are now published by an atomic rename of a
-  unique temp file.
-* On auto-resume every rank reads ``last_checkpoint`` itself
-  (``find_latest_checkpoint``); a rank on another node may not see it, or the
-  checkpoint it names, yet, and then starts from scratch or dies with
-  FileNotFoundError while rank 0 resumes (allenai/OLMo#894; "decide once,
-  broadcast the decision", KempnerForge#49).  The leader decides and every rank
-  waits (non-collectively) until it can see that complete file.
-
-``SharedFSHook`` is defined lazily (PEP 562 ``__getattr__``): the registry imports
-every shim module on the first target import (``import datasets`` in an XTuner
-config), and this module must not import mmengine then.
+``SharedFSHook`` is defined lazily (PEP 562): this module is imported before mmengine may be.
 """
 
 from __future__ import annotations
@@ -32,9 +11,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.fs.publish import Publication, publish
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Publication, Shim, ShimContext, decision, hookimpl, publish
 
 #: The name users write in ``custom_hooks=[dict(type="SharedFSHook")]``.
 HOOK_NAME = "SharedFSHook"
@@ -161,7 +138,6 @@ class MmengineShim(_MmengineShim):
     """What ``import mmengine`` loads: directories, the file backend, the hook registry."""
 
     name = "mmengine"
-    target = "mmengine"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         # All three are loaded by `import mmengine` itself (sys.modules, not an import: patching
@@ -180,7 +156,6 @@ class MmengineRunnerShim(_MmengineShim):
     """``mmengine.runner``, patched when the program imports it: checkpoint discovery and auto-resume."""
 
     name = "mmengine.runner"
-    target = "mmengine.runner"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         self.rebind("find_latest_checkpoint", sys.modules["mmengine.runner.checkpoint"], make_find_latest_checkpoint)
@@ -192,7 +167,6 @@ class MmengineCheckpointHookShim(_MmengineShim):
     """The checkpoint hook writes ``last_checkpoint`` with a bare ``open()``: publish it atomically."""
 
     name = "mmengine.hooks"
-    target = "mmengine.hooks.checkpoint_hook"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
         # A module global named `open` shadows the builtin for that module only.
@@ -207,7 +181,7 @@ def make_mkdir_or_exist(original: Callable[..., None]) -> Callable[..., None]:
     def mkdir_or_exist(dir_name: Any, mode: int = 0o777) -> None:
         if dir_name == "":
             return
-        from sharedfs.cluster.dirs import makedirs
+        from sharedfs.types import makedirs
 
         makedirs(os.path.expanduser(dir_name), mode)
 
@@ -262,7 +236,7 @@ def make_find_latest_checkpoint(original: Callable[[str], Any]) -> Callable[[str
     def find_latest_checkpoint(path: str) -> Any:
         found = original(path)
         if found and "://" not in found and not os.path.exists(found):
-            from sharedfs.cluster.dirs import wait_for
+            from sharedfs.types import wait_for
 
             wait_for(found, what=f"checkpoint {found} named by {os.path.join(path, 'last_checkpoint')}")
         return found
@@ -296,7 +270,7 @@ def make_load_or_resume(original: Callable[[Any], None]) -> Callable[[Any], None
         if resume_from is None:
             return None  # nothing to resume on rank 0, so on no rank: all start together
         if not is_main_process():
-            from sharedfs.cluster.dirs import wait_for
+            from sharedfs.types import wait_for
 
             # Non-collective wait: rank 0 published it by rename, so once visible it is complete.
             wait_for(resume_from, what=f"checkpoint {resume_from} chosen by rank 0 for resuming")

@@ -1,29 +1,6 @@
 """OLMo-core: waits for a directory another rank made get sharedfs's budget; one creator per shared filesystem.
 
-What OLMo-core 3.0 does on a cluster filesystem (OLMo#829, OLMo#894):
-
-* ``olmo_core.utils.wait_for(condition, description, timeout=10.0)`` polls every
-  0.5 s and raises ``TimeoutError("timed out ...")`` after a fixed 10 s.  Checkpoint
-  preparation (``olmo_core.distributed.checkpoint._prepare_env_for_save``) calls
-  it on every rank with ``Path(dir).exists`` after rank 0 made ``dir``; NFS and
-  Lustre attribute and negative-lookup caches hide a new directory from other
-  nodes for longer, and those ranks die.  ``olmo_core.distributed.checkpoint``,
-  ``olmo_core.train.checkpoint`` and ``olmo_core.train.callbacks.checkpointer``
-  bind ``wait_for`` by name;
-* ``get_fs_local_rank`` treats each node as its own filesystem unless the user
-  sets ``OLMO_SHARED_FS=1``: on a shared filesystem every node's local rank 0 then
-  creates the same directory, and a node whose cache still hides the first one
-  gets ``FileExistsError`` from ``mkdir(exist_ok=True)``.
-
-The ``olmo_core`` shim replaces ``wait_for`` (in ``olmo_core.utils``, before any
-module binds it, and in any ``olmo_core`` module that bound it already): the
-budget is ``max(timeout, SHAREDFS_WAIT_TIMEOUT)``, a condition that is a path's
-own check is waited for as that path (:mod:`sharedfs.cluster.conditions`: one
-waiter per node looks, the parent is re-listed), and the ``TimeoutError`` keeps
-OLMo-core's message and adds where, on what and what to change.  The
-``olmo_core.checkpoint`` and ``olmo_core.train`` shims set ``OLMO_SHARED_FS=1``
-for the process when the checkpoint directory they are handed is on a filesystem
-sharedfs classifies as shared, and the user has not set it (:func:`share_filesystem`).
+OLMo-core's fixed 10 s ``wait_for`` is shorter than NFS's metadata lag (OLMo#829; docs/frameworks/olmo.md).
 """
 
 from __future__ import annotations
@@ -34,9 +11,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from sharedfs.errors import WaitTimeout
-from sharedfs.machinery.log import decision
-from sharedfs.machinery.shimbase import Patcher
-from sharedfs.types import Policy, RebindingShim, Shim, ShimContext, hookimpl
+from sharedfs.types import Patcher, Policy, RebindingShim, Shim, ShimContext, decision, hookimpl
 
 #: Written for and tested with ai2-olmo-core 3.0.0 (``wait_for``, ``_prepare_env_for_save`` and
 #: ``Checkpointer._prepare_dir`` have this shape throughout 3.x).
@@ -48,7 +23,6 @@ SHARED_FS_VAR = "OLMO_SHARED_FS"
 
 class OlmoCoreShim(RebindingShim):
     name = "olmo_core"
-    target = "olmo_core.utils"
     distribution = DISTRIBUTION
     supported = SUPPORTED
     # Bound by name in olmo_core.distributed.checkpoint, train.checkpoint and train.callbacks.checkpointer,
@@ -64,7 +38,6 @@ class OlmoCoreCheckpointShim(Shim):
     """``_prepare_env_for_save(dir, ...)``: the directory every ``save_*`` entry point prepares."""
 
     name = "olmo_core.checkpoint"
-    target = "olmo_core.distributed.checkpoint"
     distribution = DISTRIBUTION
     supported = SUPPORTED
 
@@ -78,7 +51,6 @@ class OlmoCoreTrainShim(Shim):
     """``Checkpointer._prepare_dir(dir, ...)``: the trainer does not go through ``_prepare_env_for_save``."""
 
     name = "olmo_core.train"
-    target = "olmo_core.train.checkpoint"
     distribution = DISTRIBUTION
     supported = SUPPORTED
 
@@ -105,7 +77,7 @@ def make_wait_for(original: Callable[..., Any], policy: Policy) -> Callable[...,
         One waiter per node looks when ``condition`` is a path's own check, and the ``TimeoutError``
         names the path, the node, the filesystem and the setting (OLMo#829).
         """
-        from sharedfs.cluster import conditions
+        from sharedfs.types import conditions
 
         try:
             conditions.wait(condition, max(float(timeout), budget_floor), what=str(description))
@@ -130,7 +102,7 @@ def share_filesystem(directory: Any, patcher: Patcher) -> None:
     text = os.fspath(directory) if isinstance(directory, os.PathLike) else str(directory)
     if "://" in text:
         return
-    from sharedfs.machinery import choices
+    from sharedfs.types import choices
 
     path = os.path.abspath(text)
     try:

@@ -1,35 +1,6 @@
 """torch.hub: a checkpoint (``load_state_dict_from_url``) and a repository (``load``) are fetched once per cache.
 
-Every rank of a job calls ``torch.hub.load_state_dict_from_url(url)`` (torchvision's
-``weights=...``, timm, many training scripts) for the same checkpoint into one
-``$TORCH_HOME/hub/checkpoints``.  Each rank that finds the file missing downloads it --
-``download_url_to_file`` writes a temporary ``.partial`` file of its own and moves it into
-place, so the file is whole, but N ranks fetch N copies from the network at once (the issue
-pytorch#68320 tracks for ``torch.hub``).
-
-The shim wraps ``load_state_dict_from_url`` and gives the ``download_url_to_file`` it calls a
-:func:`sharedfs.lock` on ``<model_dir>/.<file>.lock``: the first rank downloads, the others wait
-on that lock, then find the file and download nothing.  Everything else -- the progress bar,
-``check_hash``, the legacy zip format, ``torch.load`` -- is torch's own.  A direct call of
-``torch.hub.download_url_to_file`` (which overwrites its destination on purpose) is left as it is.
-
-``torch.hub.load('owner/repo', ...)`` (and ``list``, ``help``) goes through ``_get_cache_or_reload``:
-torch downloads the repository archive to a fixed name, ``<hub_dir>/<branch>.zip``, extracts it,
-removes the zip and moves (``shutil.move``) the extracted folder to ``<hub_dir>/<owner>_<repo>_<branch>``
--- from every rank at once.  One rank removes the zip another is opening
-(``FileNotFoundError: ... /.cache/torch/hub/main.zip``, facebookresearch/dino#159), moves its folder
-into the one another rank just published, or removes it under a rank importing it; pytorch#68320
-(open) tracks it.  The shim gives that function a :func:`sharedfs.lock` on
-``<hub_dir>/.<owner>_<repo>_<branch>.lock``, taken right after torch's own ``_check_repo_is_trusted``
-(so a ``trust_repo`` prompt never waits for, or holds, the lock) and held until the function
-returns: torch's "is the folder there?", its download, extraction, removal of the zip and move
-into place run on one rank at a time.  The first rank downloads and publishes; the others wait,
-then find the folder (``Using cache found in ...``) and download nothing.  ``force_reload=True``
-stays torch's: every caller that asks for it downloads and replaces the folder, one after the
-other, so none sees a half-removed or half-moved folder while it checks the cache.  The import of
-``hubconf.py`` and the entry point run after the lock is released (a job's ranks build their
-models at once, as without sharedfs): a ``force_reload`` on one rank while others import from the
-folder still replaces it under them, as in torch -- reload on one rank, then load on the others.
+Stock fetches from every rank at once, and one rank removes the zip another reads (pytorch#68320).
 """
 
 from __future__ import annotations
@@ -41,11 +12,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.cluster.dirs import wait_for
-from sharedfs.fs.directory import Directory
-from sharedfs.locks import lock
-from sharedfs.machinery.standin import unwrap
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Directory, Policy, Shim, ShimContext, hookimpl, lock, unwrap, wait_for
 
 
 class _Inside(threading.local):
@@ -159,9 +126,6 @@ def see_published(hub_dir: str, name: str, policy: Policy) -> None:
 
 class TorchHubShim(Shim):
     name = "torch_hub"
-    # Imported by `import torch`: the bootstrap puts stand-ins for load_state_dict_from_url and _get_cache_or_reload
-    # there (STAND_INS), so `import torch` loads nothing of sharedfs; the first call of either activates this shim.
-    target = "torch.hub"
     distribution = "torch"
     # load_state_dict_from_url checks os.path.exists and calls the module's download_url_to_file(url, dst,
     # hash_prefix, progress) in every release from 2.1; _get_cache_or_reload calls the module's

@@ -1,35 +1,6 @@
 """Triton: a kernel cache that many ranks on many nodes can fill and read at once.
 
-Every process that compiles a Triton kernel (hand-written kernels of vLLM, SGLang, DeepSpeed,
-Liger; torch.compile's only when ``TRITON_CACHE_DIR`` is set) goes through
-``triton.runtime.cache.get_cache_manager(key)``, by default a ``FileCacheManager`` over
-``~/.triton/cache/<key>/`` -- on a cluster, the user's NFS/GPFS home.  In triton 3.0-3.9:
-
-* ``put`` writes ``<key>/tmp.pid_<pid>_<uuid>/<file>`` (3.3 and later; a sibling temp file
-  before), ``os.replace``-s it over ``<key>/<file>`` and ``os.removedirs``-es the temp
-  directory, which also removes the key directory whenever it is empty for a moment --
-  while another process is about to write into it (``FileNotFoundError``, triton#2688) -- and
-  raises ``EBUSY`` on NFS when the temp directory still holds a silly-renamed file
-  (triton#11512);
-* a second writer of the same file ``os.replace``-s over an entry others have found and are
-  about to open: on NFS their handle goes stale (``OSError: [Errno 116] Stale file handle``,
-  ``ImportError: ... __triton_launcher...so: cannot stat shared object: Stale file handle``,
-  prime-rl PR #2305);
-* ``FileCacheManager(key)`` runs ``os.makedirs(<key>, exist_ok=True)``, which raises
-  ``FileExistsError`` when another node made the directory and this one cannot see it yet;
-* it computes a ``lock_path`` and never locks; ``get_file`` trusts ``os.path.exists``.
-
-The shim installs :class:`SharedFSFileCacheManager` (a ``FileCacheManager`` subclass: same
-constructor, attributes, directory layout and file names) through Triton's own setting for
-this, ``knobs.cache.manager_class`` (the ``TRITON_CACHE_MANAGER`` knob; triton >= 3.4), or
-``triton.runtime.cache``'s module-level manager class before it -- only when the user chose no
-manager of their own.  Its ``put`` writes a private temp file beside the entry, fsyncs it and
-hard-links it into place (a link never replaces: an entry that is already there is kept, since
-every writer of one key compiled the same kernel, so nothing a reader found is ever replaced);
-only an empty entry is replaced, under ``sharedfs.lock(lock_path)`` (the lock Triton computes and
-never takes).  It removes only its own temp file, by identity, never a directory.  Reads treat
-a missing, stale, empty or unparsable entry as a miss, so Triton compiles again instead of
-failing.  ``SHAREDFS_DISABLE=triton`` keeps Triton's own manager.
+Entries are hard-linked into place and never replaced under a reader (the failures: docs/frameworks/triton.md).
 """
 
 from __future__ import annotations
@@ -42,9 +13,7 @@ import stat
 from types import ModuleType
 from typing import Any, Optional
 
-from sharedfs.fs.safefile import read_untrusted
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Shim, ShimContext, decision, hookimpl, read_untrusted
 
 #: Why ``os.link`` may be refused by a filesystem without hard links; the put then renames under the lock.
 NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS})
@@ -55,7 +24,6 @@ GROUP_LIMIT = 64 * 1024
 
 class TritonShim(Shim):
     name = "triton"
-    target = "triton.runtime.cache"  # imported by `import triton`
     distribution = "triton"
     # FileCacheManager(key, override=False, dump=False) with cache_dir/lock_path, put/get_file/get_group/put_group
     # since 3.0; the manager class from knobs.cache.manager_class since 3.4, a module global before.
@@ -103,7 +71,7 @@ def _users_manager(module: ModuleType) -> str | None:
 
 
 def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type:
-    """Triton's ``FileCacheManager`` (``original``) publishing and reading as the module doc says.
+    """Triton's ``FileCacheManager`` (``original``) publishing and reading as docs/frameworks/triton.md says.
 
     ``knob`` is Triton's ``TRITON_CACHE_MANAGER`` descriptor (triton >= 3.4), whose ``get()`` reads the variable.
     """
@@ -134,7 +102,7 @@ def make_cache_manager(original: type, policy: Policy, knob: Any = None) -> type
                 # negative-lookup caches): wait until it is visible instead of failing the compile.
                 if not getattr(self, "cache_dir", None):
                     raise
-                from sharedfs.cluster.dirs import makedirs
+                from sharedfs.types import makedirs
 
                 makedirs(self.cache_dir)
 
@@ -192,9 +160,7 @@ def _state(path: str) -> str:
 
 def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: Policy) -> str:
     """Make ``path`` hold ``payload`` unless a whole entry is there already; return ``path``."""
-    from sharedfs.fs import stale
-    from sharedfs.fs.publish import fsync_dir
-    from sharedfs.fs.recordfile import create_record, discard_if_same, identity
+    from sharedfs.types import create_record, discard_if_same, fsync_dir, identity, stale
 
     base = os.path.basename(path)
     temp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
@@ -205,7 +171,7 @@ def _publish(directory: str, path: str, payload: bytes, lock_path: str, policy: 
             raise
         # The key directory is not visible here (yet): made by another node a moment ago, or replaced by one
         # (ESTALE through every retry: this node's handle of it names the directory that went).
-        from sharedfs.cluster.dirs import makedirs
+        from sharedfs.types import makedirs
 
         makedirs(directory)
         fd = stale.retry(lambda: create_record(temp, payload, 0o666))
@@ -229,7 +195,7 @@ def _into_place(temp: str, path: str, lock_path: str, policy: Policy) -> None:
     except FileExistsError:
         state = _state(path)
         if state == "unseen":  # published by another node a moment ago: wait until it shows here
-            from sharedfs.cluster.dirs import wait_for
+            from sharedfs.types import wait_for
 
             wait_for(path, what=f"Triton cache entry {path}")
             return
@@ -240,7 +206,7 @@ def _into_place(temp: str, path: str, lock_path: str, policy: Policy) -> None:
             raise
     # An empty entry or something else in the way (a writer outside sharedfs died mid-way), or a filesystem
     # without hard links: replacing must exclude the other writers of this entry, through the lock Triton names.
-    from sharedfs.locks import lock
+    from sharedfs.types import lock
 
     with lock(lock_path, policy=policy):
         if _state(path) != "whole":

@@ -1,29 +1,6 @@
 """tvm-ffi (``apache-tvm-ffi``): the JIT build cache's lock gets a kind right for its filesystem.
 
-``tvm_ffi.cpp.load_inline`` / ``build_inline`` / ``build`` / ``load`` (how SGLang's JIT
-kernels are built) build each module in
-``<TVM_FFI_CACHE_DIR or ~/.cache/tvm-ffi>/<name>_<hash>/`` under
-``tvm_ffi.utils.FileLock(<build_dir>/lock)``: a non-blocking ``flock`` retried every 0.1 s,
-which takes *any* ``OSError`` for "someone holds it".  With the cache in a cluster home
-(sglang#31347, tvm-ffi#667 "final link failed: Stale file handle"):
-
-* NFS without lockd (ENOLCK) or Lustre without ``-o flock`` (ENOSYS): every build waits
-  forever, without a word;
-* GPFS / Lustre ``localflock`` / NFS ``local_lock``: flock excludes one node only, so two
-  nodes compile and link into one directory at once (``file too short``, ``ld returned 1
-  exit status``, a module that fails to load).
-
-The shim rebinds ``FileLock`` in ``tvm_ffi.cpp.extension`` (bound there at its import) to
-:class:`SharedFSBuildLock`, a subclass of tvm-ffi's class with its interface and behaviour
-(``with`` waits forever, ``acquire()`` tries once, ``blocking_acquire(timeout)`` raises
-``TimeoutError``) on sharedfs's lock: the kind chosen for the cache's filesystem, a run-time
-ENOLCK/ENOSYS switching to an existence lock with a holder record, a dead holder recognised on
-any node, the next holder on another node waiting out its metadata caches.  Where that kind is
-not a flock of ``<build_dir>/lock`` itself, the file is also flocked as tvm-ffi without sharedfs
-flocks it (where flock works at all), so builders of another environment on the node still
-exclude and are excluded.  The cache directory itself follows the placed-cache row
-``TVM_FFI_CACHE_DIR`` (one directory per node), and the ``makedirs`` shim, applied with this one,
-guards tvm-ffi's ``mkdir(parents=True, exist_ok=True)`` of it.
+tvm-ffi's lock takes any flock error for "held" and waits forever (docs/frameworks/tvm_ffi.md).
 """
 
 from __future__ import annotations
@@ -35,8 +12,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from sharedfs.machinery.log import decision
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Shim, ShimContext, decision, hookimpl
 
 log = logging.getLogger("sharedfs")
 
@@ -45,7 +21,7 @@ POLL = 0.1
 
 
 class SharedFSBuildLock:
-    """In front of ``tvm_ffi.utils.FileLock``: its interface on sharedfs's lock (see the module's docstring)."""
+    """In front of ``tvm_ffi.utils.FileLock``: its interface on sharedfs's lock (docs/frameworks/tvm_ffi.md)."""
 
     #: The policy this class applies (set on the per-policy subclass :func:`build_lock_class` makes).
     policy: Policy
@@ -95,7 +71,7 @@ class SharedFSBuildLock:
         _idle().setdefault((self.policy, held.lock_file), held)
 
     def _take(self, timeout: float) -> None:
-        from sharedfs.locks import lock
+        from sharedfs.types import lock
 
         started = time.monotonic()
         # tvm-ffi makes a FileLock per build: this thread's idle sharedfs lock of the file is reused (its kind is
@@ -123,8 +99,7 @@ class SharedFSBuildLock:
         so there is nothing to exclude it by.
         """
         from sharedfs.errors import LockTimeout
-        from sharedfs.locks.reporting import REPORT_AFTER, REPORT_EVERY
-        from sharedfs.locks.stock import FLOCK, StockLockFile, stock_mechanism
+        from sharedfs.types import FLOCK, REPORT_AFTER, REPORT_EVERY, StockLockFile, stock_mechanism
 
         if held_lock.kind == FLOCK:
             return None  # sharedfs's lock is a flock of this very file: tvm-ffi's own way already
@@ -191,7 +166,6 @@ def _tvm_lock_class(current: type) -> type:
 class TvmFfiShim(Shim):
     name = "tvm_ffi"
     # `import tvm_ffi` imports tvm_ffi.cpp, which executes this module: it binds FileLock at its import.
-    target = "tvm_ffi.cpp.extension"
     distribution = "apache-tvm-ffi"
     # cpp/extension.py with `from tvm_ffi.utils import FileLock` and FileLock(<build_dir>/lock) around each build
     # since 0.1.5 (0.1.0-0.1.4: cpp/load_inline.py); utils/lockfile.py unchanged since.  Read: 0.1.5, 0.1.9, 0.1.12,

@@ -1,24 +1,4 @@
-"""webdataset: one download per shard per cache, no partial shards, in-use-safe eviction, sane worker counts.
-
-What ``WebDataset(urls, cache_dir=...)`` does in webdataset 1.0.x (and 0.2.x,
-whose ``cache.py`` has the same shape) on a cluster (webdataset#386):
-
-* ``FileCache.get_file`` checks ``os.path.exists(dest)`` with no lock, so every
-  DataLoader worker of every node that misses downloads the same shard;
-* ``download`` writes ``dest + ".temp{pid}"`` -- the same name for two nodes
-  whose processes share a pid -- and renames it without fsync;
-* ``LRUCleanup`` runs in every process and deletes any file of the cache,
-  including shards other processes are about to open and their ``.temp`` files;
-* ``num_workers=16`` on a task that owns 2 CPUs multiplies all of this.
-
-The shim swaps in a ``FileCache`` subclass built on :mod:`sharedfs.shardcache`
-(a ``sharedfs.lock`` per shard, private temp files, fsync + atomic rename, in-use
-markers, one evictor per cache; the coordination files beside the cache, never
-in it, so webdataset's own listing and size accounting see only shards), an
-atomic ``download``, an in-use-safe ``LRUCleanup``, the cache placement the
-kernel decided (``context.cache``) for ``FileCache(cache_dir=None)``, and the
-DataLoader worker cap for webdataset pipelines (:mod:`sharedfs.cluster.workers`).
-"""
+"""webdataset: one download per shard per cache, no partial shards, in-use-safe eviction, sane worker counts."""
 
 from __future__ import annotations
 
@@ -29,15 +9,13 @@ from types import ModuleType
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from sharedfs.machinery.log import decision
-from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, decision, hookimpl
 
 CHUNK = 1024 * 1024
 
 
 class WebDatasetShim(Shim):
     name = "webdataset"
-    target = "webdataset"
     distribution = "webdataset"
     # 0.2.x and 1.0.x share cache.py's FileCache/LRUCleanup/download shape (checked: 0.2.111, 1.0.2).
     supported = ">=0.2,<1.1"
@@ -46,7 +24,7 @@ class WebDatasetShim(Shim):
     cache_default = "./_cache"
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        from sharedfs.cluster import workers
+        from sharedfs.types import workers
         cache = sys.modules["webdataset.cache"]
         original_cleanup = cache.LRUCleanup
         cleanup = make_lru_cleanup(original_cleanup, policy)
@@ -81,7 +59,7 @@ def make_download(cache: ModuleType) -> Callable[..., None]:
     gopen_module = sys.modules["webdataset.gopen"]
 
     def download(url: str, dest: str, chunk_size: int = CHUNK, verbose: bool = False) -> None:
-        from sharedfs.shardcache import download_atomic
+        from sharedfs.types import download_atomic
 
         if verbose:
             print(f"# downloading {url} to {dest}", file=sys.stderr)
@@ -101,7 +79,7 @@ def make_lru_cleanup(original: type, policy: Policy) -> type:
         """
 
         def cleanup(self) -> None:
-            from sharedfs.shardcache import evict
+            from sharedfs.types import evict
 
             if self.cache_dir is None:
                 return
@@ -135,7 +113,7 @@ def make_file_cache(cache: ModuleType, cleanup: type, policy: Policy) -> type:
                 self.cleaner = cleanup(old.cache_dir, old.cache_size, verbose=old.verbose, interval=old.interval)
 
         def _open(self, url: str) -> tuple[Any, str, Any]:
-            from sharedfs.shardcache import open_shard
+            from sharedfs.types import open_shard
 
             cache_name = self.url_to_name(url)
             assert "/" not in cache_name, f"bad cache name {cache_name} for {url}"

@@ -1,29 +1,4 @@
-"""wids: no ``.tar.lock`` race, no partial shards, cache placement by policy, in-use-safe cleanup.
-
-What wids 0.1.x (and the copy bundled in webdataset 0.2.x) does on a cluster:
-
-* ``download_and_open`` takes ``ULockFile(local + ".lock")``: ``open``, ``flock``,
-  and ``unlink`` on release.  The unlink splits waiters across inodes (no
-  exclusion) and, on NFS/FUSE, a concurrent unlink between LOOKUP and CREATE
-  gives ``FileNotFoundError: ....tar.lock`` (webdataset#386, never fixed; PR #458
-  proposes ``WIDS_USE_LOCK=0``).  Where flock is missing (Lustre without
-  ``-o flock``: ENOSYS; NFS without lockd: ENOLCK) it fails outright;
-* the download goes straight to the final name, so a killed download leaves a
-  truncated shard that every later reader trusts;
-* the cache is ``WIDS_CACHE`` or the predictable, shared ``/tmp/_wids_cache``;
-* ``wids_cleanup`` deletes by age whether or not a shard is in use, and its
-  ``ExclusiveLock`` unlinks its lock file too.
-
-The shim routes ``download_and_open`` through :mod:`sharedfs.shardcache`
-(``sharedfs.lock`` per shard, never unlinked while others may hold it; private
-temp + fsync + rename; in-use markers held while a shard sits in a dataset's
-LRU; the coordination files beside the cache, never in it, so wids' own cleanup
-counts only shards), puts the default cache where the kernel decided
-(``context.cache``; an unsafe node-local directory fails the import before this
-shim runs, never falling back to ``/tmp/_wids_cache``), makes cleanup in-use
-safe and run by one process per cache, and caps DataLoader workers over a
-``ShardListDataset``.
-"""
+"""wids: no ``.tar.lock`` race, no partial shards, cache placement by policy, in-use-safe cleanup."""
 
 from __future__ import annotations
 
@@ -34,8 +9,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from sharedfs.machinery.log import decision
-from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import CachePlacement, Policy, Shim, ShimContext, decision, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -65,7 +39,6 @@ def _distribution() -> str:
 
 class WidsShim(Shim):
     name = "wids"
-    target = "wids"
     # wids reads WIDS_CACHE whenever a ShardListDataset gets neither cache_dir nor localname.
     cache_env = "WIDS_CACHE"
     cache_default = "/tmp/_wids_cache"
@@ -79,7 +52,7 @@ class WidsShim(Shim):
         return SUPPORTED[self.distribution]
 
     def apply(self, module: ModuleType, policy: Policy, context: ShimContext) -> None:
-        from sharedfs.cluster import workers
+        from sharedfs.types import workers
         dl = sys.modules["wids.wids_dl"]
         core = sys.modules["wids.wids"]
         original = dl.download_and_open
@@ -139,7 +112,7 @@ def make_lock_file(policy: Policy) -> type:
             self._lock: Any = None
 
         def __enter__(self) -> Self:
-            from sharedfs.locks import lock
+            from sharedfs.types import lock
 
             self._lock = lock(self.lockfile_path, timeout=-1, policy=policy)
             self._lock.acquire()
@@ -170,7 +143,7 @@ def make_download_and_open(dl: ModuleType, policy: Policy) -> Callable[..., Any]
     def download_and_open(remote: str, local: str, mode: str = "rb", handlers: Any = None,
                           verbose: bool = False) -> Any:
         """sharedfs: wids' ``download_and_open`` with a per-shard sharedfs lock and atomic publication."""
-        from sharedfs.shardcache import open_shard
+        from sharedfs.types import open_shard
 
         stream, marker = open_shard(local, _downloader(dl, remote, handlers, verbose), mode=mode, policy=policy)
         marker.release()  # the caller holds an open file; a later unlink cannot take it away
@@ -190,7 +163,7 @@ def make_download_and_open(dl: ModuleType, policy: Policy) -> Callable[..., Any]
 def make_get_shard(core: ModuleType, dl: ModuleType, policy: Policy) -> Callable[[Any, str], Any]:
     def get_shard(self: Any, url: str) -> Any:
         """sharedfs: wids' ``LRUShards.get_shard``; the shard is marked in use while it sits in the LRU."""
-        from sharedfs.shardcache import open_shard
+        from sharedfs.types import open_shard
 
         assert isinstance(url, str)
         self.accesses += 1
@@ -231,7 +204,7 @@ def make_keep_most_recent_files(policy: Policy) -> Callable[..., None]:
         Keeps the most recent files matching ``pattern`` within ``maxsize`` bytes and
         ``maxfiles`` files, like wids; one process per cache directory runs it at a time.
         """
-        from sharedfs.shardcache import NOT_SHARDS, evictor, try_evict
+        from sharedfs.types import NOT_SHARDS, evictor, try_evict
 
         directory = os.path.dirname(os.path.abspath(pattern))
         with evictor(directory, policy) as mine:
@@ -267,7 +240,7 @@ def make_exclusive_lock(policy: Policy) -> type:
         """Drop-in for ``wids_cleanup.ExclusiveLock``: non-blocking, and never unlinks a lock others may hold."""
 
         def __init__(self, lockfile: str) -> None:
-            from sharedfs.locks import lock
+            from sharedfs.types import lock
 
             self.lockfile = lockfile
             self._lock = lock(lockfile, timeout=0, policy=policy)

@@ -1,29 +1,6 @@
 """XTuner: ``process_hf_dataset`` prepares data on the right ranks for where the datasets cache lives.
 
-XTuner 0.2.0's ``process_hf_dataset`` (``xtuner/dataset/huggingface.py``) prepares
-the dataset on global rank 0 only, waits on a gloo ``monitored_barrier``
-(``XTUNER_DATASET_TIMEOUT`` minutes, default 60) and ``broadcast_object_list``\\ s
-the result.  A datasets ``Dataset`` pickles its memory-mapped Arrow table as a
-*file path*, so with a node-local cache (the common advice for flock-less
-storage, ``HF_DATASETS_CACHE=/tmp/...``) every rank on another node receives a
-path that exists only on node 0: FileNotFoundError (LlamaFactory#3065,
-ms-swift#3667).
-
-The replacement keeps XTuner's behaviour where it is right and changes who prepares
-where it is not:
-
-* **shared cache** (rank 0's datasets cache on a filesystem every node sees), or a job on
-  one node: exactly XTuner's flow -- rank 0 prepares, monitored barrier, broadcast.
-* **node-local cache**: one preparer per node (the node's lowest rank), all with rank 0's
-  NumPy random state so every node makes the *same* random choices
-  (``max_dataset_length`` sampling, ``shuffle_before_pack``) and gets the same dataset;
-  after a monitored barrier the other ranks of each node load the node's cached result.
-  Nothing memory-mapped ever crosses a node boundary.
-
-``XTUNER_DATASET_TIMEOUT`` keeps its meaning (minutes, default 60; fractions accepted).
-When it expires the error names the ranks that did not arrive, their nodes, and whether
-they were still preparing (and into which cache) or had not reached the dataset yet.
-Outside torch.distributed the original runs untouched.
+A node-local dataset pickles as a path, so with such a cache each node prepares its own copy.
 """
 
 from __future__ import annotations
@@ -36,8 +13,7 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any, Callable
 
-from sharedfs.machinery import choices
-from sharedfs.types import Policy, Shim, ShimContext, hookimpl
+from sharedfs.types import Policy, Shim, ShimContext, choices, hookimpl
 
 #: XTuner's own variable: minutes to wait for the dataset preparers.
 TIMEOUT_ENV = "XTUNER_DATASET_TIMEOUT"
@@ -54,7 +30,6 @@ class XtunerShim(Shim):
     # does not import it, and when it finishes executing, ``xtuner/dataset/__init__.py`` has not
     # yet bound the name (``from .huggingface import process_hf_dataset`` runs right after), so
     # the package and every later importer bind the replacement.
-    target = "xtuner.dataset.huggingface"
     distribution = "xtuner"
     # Written against 0.2.0's huggingface.py (process / process_hf_dataset split).
     supported = ">=0.2,<0.3"

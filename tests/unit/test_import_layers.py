@@ -30,7 +30,7 @@ KERNEL = Path(sharedfs.__file__).parent
 EXTRA = {name: KERNEL.parent / name if (KERNEL.parent / name).is_dir() else KERNEL / name for name in ("plugins", "shims")}
 LAYERED = ("sharedfs.cluster.nodelocal", "sharedfs.cluster.cleanup", "sharedfs.cluster.dirs")
 #: What the layered modules must never reach: the command line, the shims and plugins above the kernel.
-ABOVE = ("sharedfs.commands", "sharedfs.shims", "sharedfs.plugins", "sharedfs.testing")
+ABOVE = ("sharedfs.commands", "sharedfs.shims", "sharedfs.plugins", "sharedfs.demo")
 
 
 def _module_name(path: Path) -> str:
@@ -80,7 +80,7 @@ def imports_of(path: Path) -> dict[str, list[tuple[str, int, bool]]]:
 def kernel_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in KERNEL.rglob("*.py"):
-        if "testing" in path.parts:
+        if "demo" in path.parts:
             continue
         graph[_module_name(path)] = set(imports_of(path))
     return graph
