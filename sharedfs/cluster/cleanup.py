@@ -1,48 +1,12 @@
-"""Job-scoped cleanup of node-local directories (``<root>/sharedfs-<uid>/job-<ID>/``).
+"""Job-scoped cleanup of node-local directories (``<root>/sharedfs-<uid>/job-<ID>/``), when the job is over.
 
-Node-local caches made for a job (:func:`sharedfs.node_local_dir`) would fill
-the node's disk job after job.  They are removed when the *job* is over, never
-while a later step of the same job may still want them, and always exactly one
-job's directory of one user:
-
-* **Under Slurm, by the epilog**: ``sharedfs cleanup --job $SLURM_JOB_ID --uid
-  $SLURM_JOB_UID`` (``configs/slurm/epilog.sh``).  Only the epilog knows that no
-  further ``srun`` step will come; the last process of a step does not, so it
-  leaves the directory (a job that runs several steps keeps its node-local cache
-  between them).  A site without the epilog should give jobs a private ``/tmp``
-  (Slurm's ``job_container/tmpfs``), which Slurm empties itself.
-* **Elsewhere (a torchrun run without Slurm), by the run's last process at exit.**
-
-Each process that uses a job's directory leaves a marker
-``<job dir>/.sharedfs-live/<node>-<pid>``: a :class:`~sharedfs.model.records.HolderRecord`
-written with ``O_EXCL|O_NOFOLLOW`` and read back as untrusted input.  A marker is
-dead only when the liveness hook (``sharedfs_holder_alive``) says so; anything it
-cannot tell, or a marker that is not a record, counts as alive.  Creation,
-registration and removal happen under a node-local ``flock`` on
-``<root>/sharedfs-<uid>/job-<ID>.lock``, so a directory being created is never
-pulled out from under its creator.
-
-Root's epilog works in directories the user controls, while her processes may
-still run (another job of hers, a process that escaped).  So the walk is made
-with directory descriptors (each level opened ``O_NOFOLLOW|O_DIRECTORY``
-relative to the one above and checked with ``fstat`` on the descriptor that is
-then used; removal with ``unlinkat``/``rmdir`` relative to held descriptors), and
-before touching anything inside ``sharedfs-<uid>`` root forks a child that
-drops to the user's uid (no supplementary groups).  The walk makes every step
-name exactly the directory that was checked; the privilege drop makes the
-kernel check every step against the user's own rights, so a race or a bug we
-did not foresee can at worst delete what the user could delete herself, and
-root never creates a file in her directory (the lock file is hers).
-
-Jobs without a scope (``nojob``: no Slurm job, no torchrun run) are never
-removed automatically: that cache belongs to the user's session.
+Root's epilog walks by descriptor as the user's uid, so at worst it removes what she could remove herself.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -55,6 +19,7 @@ from typing import Any
 
 from sharedfs.cluster.nodelocal import DIR_FLAGS, Root, at, open_private, open_root, root_of, user_dir_name
 from sharedfs.errors import UnsafeDirectoryError, WaitTimeout
+from sharedfs.fs.oslocks import lock_by
 from sharedfs.fs.safefile import create_exclusive, read_untrusted, write_all
 from sharedfs.machinery import runtime
 from sharedfs.model.policy import Policy
@@ -94,18 +59,9 @@ def _open_lock(user_fd: int, job: str, shown: str) -> int:
 
 def _flock(fd: int, timeout: float, shown: str) -> None:
     """``flock`` with a deadline: root must never block forever on a lock a user process can hold."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise JobCleanupError(f"{shown} stayed locked for {timeout:g} s by a process of the job "
-                                      f"({shown}.lock); try again when it has exited") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    if not lock_by(fd, time.monotonic() + timeout):
+        raise JobCleanupError(f"{shown} stayed locked for {timeout:g} s by a process of the job "
+                              f"({shown}.lock); try again when it has exited")
 
 
 def _policy_or_none() -> Policy | None:
@@ -339,7 +295,7 @@ def cleanup_job(job: str, *, uid: int | None = None, root: str | None = None, fo
     While a process of the job on this node may still be alive nothing is
     removed unless ``force`` (in Slurm's epilog of that job, none is).  Run by
     root for another user, everything inside her directory is done by a child
-    process running as her (see the module docstring).
+    process running as her (docs/security.md says why).
     """
     name = _normalise_job(job)
     if uid is None:

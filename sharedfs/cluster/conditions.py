@@ -1,17 +1,6 @@
 """A framework's own "wait until this condition holds", given :func:`sharedfs.cluster.dirs.wait_for`'s semantics.
 
-OLMo and OLMo-core wait for a directory another rank made with
-``wait_for(condition, description, timeout=10.0)``: a zero-argument callable
-polled every 0.5 s for a fixed 10 s.  On NFS and Lustre, attribute and
-negative-lookup caches hide a new directory from other nodes for longer, and
-the ranks die with ``TimeoutError`` (OLMo#829, OLMo#894).  The condition is
-almost always a path's own check -- ``Path(dir).exists`` (a bound method, in
-OLMo-core) or ``lambda: checkpoint_dir.exists()`` (OLMo) -- so the path can be
-recovered, and then the wait gets what :func:`~sharedfs.cluster.dirs.wait_for`
-gives a path: one waiter per node looks, the parent is re-listed before each
-look (which defeats a cached "does not exist"), and the timeout message names
-the path, the node, the filesystem and the setting.  Any other condition is
-waited for as a predicate.
+A condition that is a path's own check is waited for as that path (OLMo#829); anything else as a predicate.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Directories on shared filesystems: create without races, wait until visible, node-local roots.
 
-Two field failures live here.  ``os.makedirs(p, exist_ok=True)`` raises
-``FileExistsError`` on NFS/BeeGFS when another rank won the race: ``mkdir``
-answers EEXIST, then ``isdir`` is asked of a stale attribute cache and says no
-(lingua#49, prime-rl#2699, Automodel#3686).  And a rank that waits a fixed 10 s
-for a directory another node made times out because attribute and
-negative-lookup caches hide it for longer (OLMo#829).
-
-Waiting costs the shared filesystem O(nodes), not O(ranks): the ranks of one
-node that wait for the same path on a shared filesystem elect one
-representative through a node gate (:mod:`sharedfs.cluster.gates`); only it looks,
-at most once per ``SHAREDFS_POLL_INTERVAL`` (+-25 % jitter).  When it sees the
-path it leaves the gate, and each other waiter of the node in turn takes it,
-looks once itself (it must see the path with its own eyes: that is what it
-waits for) and returns.
+Waiting costs the shared filesystem per node, not per rank: one waiter per node looks (:mod:`.gates`).
 """
 
 from __future__ import annotations
@@ -55,7 +42,7 @@ def wait_for(target: PathLike | Callable[[], bool], timeout: float | None = None
     sleeps past the deadline, and before each look at a path re-lists its parent,
     which makes NFS revalidate the directory instead of answering from its
     negative-lookup cache.  On a shared filesystem one waiter per node looks (see
-    the module doc).  ``timeout`` defaults to ``SHAREDFS_WAIT_TIMEOUT``; on timeout
+    docs/scale.md).  ``timeout`` defaults to ``SHAREDFS_WAIT_TIMEOUT``; on timeout
     :class:`sharedfs.WaitTimeout` says what was awaited, from where, on which
     filesystem, and what to change.
     """

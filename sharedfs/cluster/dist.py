@@ -1,10 +1,6 @@
 """Explicit collectives: :func:`barrier` and :func:`main_process_first`.
 
-Every function here is a *collective*: all ranks of the job must call it, in
-the same order.  Framework patches that may run on one rank only (checkpoint
-saving, logging, cleanup) must never call them — a hidden barrier on one rank
-is a deadlock; they use the non-collective :func:`sharedfs.makedirs` /
-:func:`sharedfs.wait_for` instead.
+Every rank must call them: a patch that may run on one rank only uses ``makedirs``/``wait_for`` instead.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Node gates: while many ranks of one node wait for the same thing, one of them asks the shared filesystem.
 
-512 ranks polling one marker on Lustre are 512 clients hammering one metadata
-server; 64 nodes x 8 ranks should cost what 64 clients cost.  A gate is a
-``flock`` on a small file in this user's private node-local directory
-(``<node-local root>/sharedfs-<uid>/gates/``), which is exact within a node:
-the process that holds a thing's gate is the node's one representative for it
-(it polls the shared filesystem, and keeps the gate while it holds the lock it
-waited for); the other ranks of the node wait on the gate, which costs the
-shared filesystem nothing.  The shared filesystem's load while waiting then
-grows with the number of nodes, not ranks.
-
-Gates are an economy, never a safety mechanism: a node whose gate directory
-cannot be had (an unsafe node-local root, or one on a shared filesystem, where
-a gate would cost the metadata server an open and a lock call per waiting rank
-and poll) simply polls ungated, and says so once.  Gate files are never
-unlinked (an unlinked lock file splits its waiters across inodes:
-webdataset#386); there is one per contended thing, and the node-local root is
-per job under Slurm.
+An economy, never a safety mechanism: without a safe gate directory a node simply polls ungated.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Node-local directories, the low layer: the root, the job scope, and private directories opened by descriptor.
 
-``<root>/sharedfs-<uid>/<job>/<name>`` lives in a directory other users of the
-node can write (``/tmp``).  Every level is opened relative to the descriptor of
-the level above with ``O_NOFOLLOW|O_DIRECTORY`` and checked with ``fstat`` on
-the descriptor that is then used, so what was checked is what is used: a name
-swapped for a symlink between a check and a use cannot redirect anything.
-
-Imported by :mod:`sharedfs.cluster.cleanup` (job-scoped removal) and :mod:`sharedfs.cluster.dirs`
-(the public ``node_local_dir``); it imports neither.
+Each level is opened ``O_NOFOLLOW`` from the one above and checked on that descriptor: ``/tmp`` is everyone's.
 """
 
 from __future__ import annotations

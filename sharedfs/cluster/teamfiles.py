@@ -1,70 +1,6 @@
 """Team caches: what this process creates in a cache a group of users shares becomes the group's.
 
-A lab shares one ``HF_HOME`` (or one shard cache) through a setgid, group-writable
-directory.  Under the default umask 022 every directory a framework makes there
-is 2755 and every file 0644: the next member cannot add a dataset to ``json/``, a
-blob to ``blobs/`` or a shard to the cache, nor write to a lock file
-(datasets#7900, datasets#6589, datasets#2065).  ``plugins/teamcache.py`` says which
-directories are team caches; ``sharedfs.locks`` creates its own lock files and
-markers there with the group's mode; this module gives the group what the
-*frameworks* create there.
-
-How, and why this way
----------------------
-The umask is the obvious lever and the wrong one.  It belongs to the process,
-not to a thread or a directory: lowering it around ``load_dataset`` widens every
-file any other thread creates meanwhile -- a logger's file, a checkpoint, the
-hub's token file in ``HF_HOME`` -- and, through ``fork``, whatever a child
-creates anywhere.  No wrapper can show that no other thread creates a file while
-it runs (DataLoader, tokenizers, the hub's download pool, pyarrow's I/O threads),
-so sharedfs never changes the umask.  (datasets itself sets it to 0o666 for an
-instant to read it; that race is datasets', and it narrows, never widens.)
-
-So nothing is created differently.  What this process created under a watched
-cache root is *given* to the group afterwards:
-
-* **which entries** -- an audit hook (PEP 578, ``sys.addaudithook``) records the
-  paths this process creates under a watched root: ``open`` for writing,
-  ``mkdir``, the target of a rename (earlier records under a renamed directory
-  follow it), ``chmod`` (a framework narrowing a mode again).  It only records,
-  only paths under a root, and never raises into the audited call;
-* **when** -- before a framework lock there is first tried and before it is
-  released (:class:`SettlingLockMixin`: what a holder made under a lock is the
-  group's before the next member gets that lock, and the directories a framework
-  made just before locking are the group's before anyone waits in them), when a
-  wrapped operation returns (datasets' ``download_and_prepare`` and ``map``), at
-  exit, and in any case within :data:`DRAIN_DELAY` of being recorded (a daemon
-  thread, awake only while records wait): a job SIGKILLed half-way through
-  preparing a dataset leaves its ``.incomplete`` directory and the Arrow file it
-  was writing open to the member who prepares it next;
-* **how** -- by descriptor, never by name: opened ``O_NOFOLLOW``, it must be this
-  user's, a directory or a regular file with one link (a hard link a member
-  planted could be one of our private files), and its real path
-  (``/proc/self/fd``) must still lie under the root; then it gets the team's group
-  and the group's bits: files ``g+rw`` (``g+x`` where the owner has ``x``),
-  directories ``g+rwx`` and setgid.  Bits for others are never added.
-  Under a **code root** (a module cache: ``watch(..., code=<its packages>)``), what the group
-  gets is read, never write: files ``g+r`` (``g+x`` where the owner has ``x``) with the
-  group's and others' write bits taken away, directories ``g+rwx``, setgid and *sticky*, so
-  that members add their own modules beside yours but nobody but an entry's owner changes,
-  renames or removes it: a module file is code every member's process may import.  The root
-  itself is on those processes' ``sys.path``: a name a member added there would be imported
-  as a top-level module (an optional dependency probed with ``import``), so it is the group's
-  to read only, and the packages the frameworks keep there are made first, for every member.
-
-Which roots: the real path of a root is found with :func:`sharedfs.fs.trustedpath.resolve`;
-a root reached through a symlink that someone other than the user or root may have planted
-(``ln -s ~alice/proj /team/hf/datasets`` by another member) is not watched, and
-:func:`refuse` says why: giving "what is under the root" to the group would widen
-wherever the symlink points (docs/security.md, "Hostile members of your own group").
-
-An entry of another user is never touched: its owner's sharedfs gives it to the
-group, or ``sharedfs doctor`` names it with the one-time fix.  Not seen by the
-hook, and handled where they are made instead: files a subprocess writes (wids
-downloads with ``curl``) and files made by C code (the shard cache gives a shard
-to the group by descriptor when it publishes it), and files a forked worker writes
-before leaving with ``os._exit`` (datasets' ``num_proc``: the datasets shim walks
-the builder's output directory and the map results when the call returns).
+Recorded by an audit hook and given to the group by descriptor, never via the umask (docs/security.md, Team caches).
 """
 
 from __future__ import annotations
@@ -257,7 +193,7 @@ def refuse(spelled: str, resolved: trustedpath.Resolved, policy: Policy | None =
 
 
 def is_code_root(real_root: str) -> bool:
-    """Whether the watched root ``real_root`` (a real path) holds code: see the module doc."""
+    """Whether the watched root ``real_root`` (a real path) holds code: see docs/frameworks/transformers.md."""
     return real_root in CODE_ROOTS
 
 
@@ -268,7 +204,7 @@ def watch(root: str | os.PathLike[str], policy: Policy, patcher: Any = None, *,
     Asks the plugins once per root; a team cache's root is given to the group at once (if
     this user made it) and watched from now on.  ``patcher`` (a shim's) makes ``unpatch``
     stop watching it.  ``code``: the root is a module cache, whose files the group may read,
-    never write, and these are the packages kept in it (see the module doc).  Returns the team,
+    never write, and these are the packages kept in it (docs/frameworks/transformers.md).  Returns the team,
     or ``None`` for a private cache.
     """
     absolute = os.path.abspath(os.fspath(root))

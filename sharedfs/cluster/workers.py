@@ -1,19 +1,4 @@
-"""Cap DataLoader ``num_workers`` to the CPUs this task may use.
-
-``num_workers=16`` copied from a workstation config onto a Slurm task that owns
-2 CPUs runs 16 processes on 2 cores, and for webdataset/wids every one of them
-opens, downloads and caches shards on its own: it multiplies every
-shared-filesystem problem.  The budget is the smallest of what the
-scheduler and the kernel allow: CPU affinity (``os.sched_getaffinity``; Slurm's
-task/affinity and ``taskset`` set it), ``SLURM_CPUS_PER_TASK``, and the cgroup
-CPU quota (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1; containers and
-Slurm's task/cgroup set it).  ``SHAREDFS_MAX_WORKERS`` overrides: ``auto``
-(that budget), an integer, or ``off``.
-
-The ``torch`` shim patches ``DataLoader.__init__``; framework shims (webdataset,
-wids) register a predicate in :data:`PREDICATES` saying which datasets are
-theirs: a DataLoader over any other dataset is left exactly as the user built it.
-"""
+"""Cap DataLoader ``num_workers`` to the CPUs this task may use, for the datasets a shim claims."""
 
 from __future__ import annotations
 

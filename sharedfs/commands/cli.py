@@ -1,9 +1,6 @@
 """The ``sharedfs`` command: ``status``, ``doctor``, ``locks``, ``env``, ``cleanup``, ``demo`` (all with ``--json``).
 
-This module parses the command line, runs the command it names and ends every command the
-same way (:mod:`sharedfs.commands.exits`).  The commands live in modules of their own:
-:mod:`~sharedfs.commands.status`, :mod:`~sharedfs.commands.doctor`, :mod:`~sharedfs.commands.lockfiles`,
-:mod:`~sharedfs.commands.demo`; ``env``, ``cleanup`` and the thin ``locks``/``demo`` entries stay here.
+Parses the command line, runs the command (most live in modules of their own) and ends each the same way.
 """
 
 from __future__ import annotations

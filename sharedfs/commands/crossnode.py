@@ -1,45 +1,6 @@
-"""``sharedfs doctor --cross-node PATH``: probe a shared path *between* nodes.
+"""``sharedfs doctor --cross-node PATH``: probe a shared path *between* nodes (one task per node under ``srun``).
 
-A single-node probe (:mod:`sharedfs.commands.probe`) cannot see the silent failure: on
-GPFS, Lustre ``-o localflock`` and NFS ``local_lock=...`` a ``flock``
-succeeds and excludes other processes of the same node only, so two nodes
-both "hold" the lock (filelock#389, granite.build#322, claude-swap#372).  Run
-this as one task per node, e.g.::
-
-    srun -N 2 --ntasks-per-node=1 sharedfs doctor --cross-node /shared/path
-
-The tasks meet in ``PATH/.sharedfs-crossnode-<job>.<step>`` (files only, no
-network: the path under test is the only channel) and the first node's task
-(the *leader*) holds each lock while every other node tries it:
-
-``flock`` / ``posix``  another node's ``LOCK_EX|LOCK_NB`` while the leader
-                      holds the lock: ``EWOULDBLOCK`` -> ``coherent``;
-                      success -> ``node-local``; ENOSYS/ENOLCK -> ``unsupported``
-``o_excl``            every node races ``O_CREAT|O_EXCL`` on the same names;
-                      two winners for one name -> not atomic across nodes
-``visibility``        seconds until a file created on one node is seen on the
-                      others (NFS attribute / lookup caches; OLMo#829)
-
-Every node prints its own view (``--json``: one JSON object per line, so
-``srun``'s merged output stays parseable); the leader also prints the verdict
-for the path.  Extra tasks on a node (local rank > 0) print only that they idled.
-
-**Nothing outside the meeting place is opened, written or removed**, whoever runs the probe
-(root included).  PATH may be a team's directory, writable by every member and not sticky,
-and the meeting place's name must be one every node can find without another channel, so any
-member can know it in advance: he may put a symlink there, a directory of his full of symlinks
-to other users' files, or rename someone's results directory to that name (before the run or
-during it).  So the first task to ``mkdir`` the name makes it ``0700`` and opens it once
-(``O_NOFOLLOW``), checks it is the one it made (empty, private, owned as what it creates) and
-writes a record of the job step in it; every other node opens the name once, the same way, and
-uses it only if it is private, owned by the job's user (only she can write in it then) and holds
-that record (where the owner is another uid, as NFS gives root's files to ``nobody``, a file made
-``O_EXCL`` beside it and removed at once tells the uid this task's files get).  From then on
-every file is made, read (size-capped) and renamed relative to that descriptor (new files
-``O_CREAT|O_EXCL|O_NOFOLLOW``), so a swap of the name meanwhile changes nothing; the leader
-empties it by descriptor once every node said bye and removes it only while its name is still
-that directory.  A refused place is one line naming the fix (``chmod +t PATH``: in a sticky
-directory nobody renames or replaces another's entries).
+A node-local flock looks fine from one node; nothing outside the 0700 meeting place is touched (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """``sharedfs doctor``: what a path's filesystem and locks do, what sharedfs does there, what would help.
 
-The probes themselves are :mod:`sharedfs.commands.probe` (one node) and
-:mod:`sharedfs.commands.crossnode` (``--cross-node``); who shares a path is
-:mod:`sharedfs.commands.teamscan`.  This module turns their findings into the report,
-the verdict and the text.
+The probes live in ``probe``, ``crossnode`` and ``teamscan``; this module turns their findings into the report.
 """
 
 from __future__ import annotations

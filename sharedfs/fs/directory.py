@@ -1,17 +1,6 @@
 """A directory held open: every name in it is looked at, read, created and removed through its descriptor.
 
-Removing a file in a directory others can write takes two steps: check that the name is
-still the file that was read, then remove it.  Done by path (``lstat(path)``, then
-``unlink(path)``), each step resolves the whole path again, and a member who may rename a
-directory on the way (one of her own inside a group directory, say) can exchange it for a
-symlink to another user's directory between the two: the unlink then removes that user's
-file of the same name.  Here both steps resolve one name inside one directory that stays the
-same object from the first step to the last (``fstatat``, ``unlinkat``, ``openat``, ``linkat``
-with ``dir_fd``), so a check and the act it guards concern the same file, and a tree walked
-from a :class:`Directory` through :meth:`Directory.subdirectory` (``O_NOFOLLOW``, identity
-checked) never leaves that tree.
-
-Standard library only (the ``fs`` layer).
+So a check and the removal it guards concern the same file, even if a directory on the path is swapped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """One whole-file lock call of either native kind -- BSD ``flock`` or POSIX ``lockf`` -- and what its errno means.
 
-The lock kinds, the single-node probe (``sharedfs doctor``) and the cross-node probe
-(``doctor --cross-node``) all take native locks through here, so they agree on what
-"held", "held by someone else" and "this filesystem has no such lock" mean.
+The lock kinds and both probes lock through here, so they agree on "held", "held by another" and "no such lock".
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import time
 
-__all__ = ["CONTENTION", "NO_LOCKS", "UNLOCK_UNCERTAIN", "errno_name", "held_here", "lock", "try_lock", "unlock"]
+__all__ = ["CONTENTION", "NO_LOCKS", "UNLOCK_UNCERTAIN", "errno_name", "held_here", "lock", "lock_by", "try_lock",
+           "unlock"]
 
 #: A non-blocking attempt on a lock someone else holds (lockf may say EACCES or EAGAIN: POSIX allows both).
 CONTENTION = frozenset({errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK})
@@ -45,6 +45,28 @@ def unlock(fd: int, kind: str) -> str | None:
             raise
         return errno_name(exc)
     return None
+
+
+def lock_by(fd: int, deadline: float, kind: str = "flock", *, max_pause: float = 0.5) -> bool:
+    """Take ``fd``'s exclusive ``kind`` lock by ``deadline`` (``time.monotonic()``), polling, never blocking.
+
+    Polls from every 10 ms, doubling up to ``max_pause``.  False at the deadline; any error but
+    contention is raised.  For sharedfs's own private lock files
+    (a node's job directory, the scheduler cache), whose holder may be a user's process: root must not
+    block on it forever.
+    """
+    pause = 0.01
+    while True:
+        try:
+            lock(fd, kind)
+            return True
+        except OSError as exc:
+            if exc.errno not in CONTENTION:
+                raise
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, max_pause)
 
 
 def try_lock(fd: int, kind: str) -> tuple[str, str | None]:

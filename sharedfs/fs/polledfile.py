@@ -1,14 +1,6 @@
 """A lock file that programs without sharedfs poll for: created whole, and changing hands without going missing.
 
-torch < 2.14's ``FileBaton.wait()`` and filelock's ``SoftFileLock`` take such a file's
-existence for a held lock and its absence for a free one.  One rule for them: sharedfs
-creates such a file whole (:func:`create_whole`, a hard link of a complete record), removes
-only the one it holds itself, and otherwise lets it change hands only by an atomic
-replacement (:func:`replace_foreign`), never by removing it and creating it again: a poller
-would find it free in between, and build beside the new holder, or load what a dead builder
-left half-built.
-
-Standard library only (the ``fs`` layer).
+torch's ``FileBaton`` and filelock's ``SoftFileLock`` read its absence as "free", so it is replaced, never re-created.
 """
 
 from __future__ import annotations

@@ -1,17 +1,4 @@
-"""Publishing a file: it appears complete, or not at all.
-
-Readers on other nodes (a resumed job, another rank, another user) may open a
-file the moment its name exists.  Writing it in place lets them read half of it;
-a temp name of ``.temp{pid}`` collides across nodes whose processes share a pid
-(webdataset's ``download``).  Every file sharedfs publishes is written to a temp
-file of its own beside its final name (``.<name>.<pid>.<random><suffix>``, created
-``O_EXCL|O_NOFOLLOW`` like every record file: :mod:`sharedfs.fs.recordfile`), flushed
-and fsynced, and renamed over the final name -- only while the temp name still is
-that file: in a directory others can write, a neighbour may have swapped it -- and
-the directory is fsynced so the rename survives a crash.  The file gets the
-permissions a plain ``open`` would have given it (the umask, or the directory's
-default ACL), or exactly ``perm``.
-"""
+"""Publishing a file: it appears complete, or not at all (a private temp file beside it, fsync, rename)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
 """Record files: small files sharedfs writes whole into a directory others can write, and removes only if still its own.
 
-Lock markers, shard-cache claims and in-use markers, torch's build batons and the temp
-files of a publication all live in directories a group shares, or that a dead process
-left behind.  Any member can rename such a file away and put another in its place, so
-three rules hold for every one of them:
-
-* it is created ``O_CREAT|O_EXCL|O_NOFOLLOW|O_NONBLOCK``
-  (:func:`~sharedfs.fs.safefile.create_exclusive`: a planted name, symlink or not, makes
-  the create fail instead of writing through it) and written through the descriptor that
-  created it; one that cannot be written completely is removed at once, so nobody reads
-  a half-written record as someone's;
-* it is read with :func:`~sharedfs.fs.safefile.read_untrusted` (no symlink followed, no
-  blocking open, a size cap);
-* it is removed only while its name still is the file this process created or read
-  (same ``st_dev`` and ``st_ino``): never a successor's, never a neighbour's swapped in; the check
-  and the removal are made in one open directory (:mod:`sharedfs.fs.directory`), so a parent
-  renamed in between cannot turn them into a removal elsewhere.
+Created ``O_EXCL|O_NOFOLLOW``, read as untrusted, removed only while the name is still that file (same device, inode).
 """
 
 from __future__ import annotations

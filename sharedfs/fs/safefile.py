@@ -1,15 +1,6 @@
 """Opening files on a shared filesystem that other users, or dead processes, may have left there.
 
-A group-writable project directory lets any member plant a symlink, a FIFO or a
-400 MB file where sharedfs expects a small record it wrote itself.  Everything
-sharedfs reads from such a place goes through :func:`read_untrusted`: no
-symlink is followed (``O_NOFOLLOW``), no open blocks (``O_NONBLOCK``: a FIFO
-or a device answers at once), only regular files are read, and never more than
-``limit`` bytes.  Anything unexpected is ``None``: "cannot tell", which every
-caller treats as the safe answer (a lock stays held, a shard stays cached).
-Everything sharedfs creates there goes through :func:`create_exclusive`
-(``O_CREAT|O_EXCL|O_NOFOLLOW``: a planted name, symlink or not, makes it fail
-instead of writing through it).
+Never follows a symlink, never blocks, reads at most ``limit`` bytes; anything unexpected is "cannot tell".
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """ESTALE is a normal answer: the file another client removed or replaced, seen through a handle this one kept.
 
-On NFS, and on FUSE clients such as GlusterFS, a descriptor or a cached lookup that refers to a
-file another node unlinked or renamed over answers ``[Errno 116] Stale file handle`` -- on
-``open``, ``fstat``, ``read``, ``flock`` and even ``close`` (GlusterFS reports it from the
-flush a ``close`` sends; prime-rl PR #2305 and pytorch#173679 saw it in Triton's cache on NFS).
-It says the same as ENOENT about the file that handle named: it is gone.  It says nothing about
-the *name*, which may already hold a successor's file, so a reader asks again through the name
-(:func:`retry`), and a file it cannot get a straight answer about is "cannot tell", never "dead".
-
-Standard library only (the ``fs`` layer).
+It says the file is gone, nothing about the name, so a reader asks again through the name (:func:`retry`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Resolving a path the user gave without trusting a symlink that someone else could have planted.
 
-sharedfs widens what it finds under a team cache's root (``chmod g+rwxs``, ``chgrp``) and
-creates the shard cache's coordination tree beside it.  ``os.path.realpath`` follows every
-symlink on the way, so a member of the project group who makes the root a symlink
-(``ln -s ~alice/proj /team/hf/datasets``) would have sharedfs widen, and create beside,
-whatever it points to.  The stock frameworks only ever write *into* the directory they are
-given, so for them following it is harmless; for sharedfs it is not.
-
-:func:`resolve` resolves as the kernel does (and ``realpath``): component by component, a
-symlink expanded before the ``..`` that follows it (``team/hf/../proj`` with ``team/hf`` a link
-to ``~alice/secret`` is ``~alice/proj``), and also reports the first symlink on the way that is
-not the user's own choice.  A symlink is trusted when nobody but this user and root can have
-made it or can replace it: it belongs to this user or root, and it sits in a directory that
-belongs to this user or root and that nobody else may write -- not writable by others, and
-not by the group unless the group is the user's own private group (the user-private-group
-convention, ``alice:alice``) -- or that is sticky (``/tmp``: nobody removes another's entry
-there) while the link has a single name: a link with more names may be a hard link of the
-user's own that someone else placed there (``fs.protected_hardlinks=0``), judged then as
-that writer's.  ``~/.cache/huggingface -> /scratch/me/hf`` and a root's
-``/data -> /lustre/data`` are trusted; a symlink in a group-writable project directory is
-not, whoever owns it: any member may replace it.
-
-Standard library only (the ``fs`` layer): callers decide what a planted symlink means.
+sharedfs widens what is under a team cache's root, so a member's ``ln -s ~alice/proj`` must not redirect it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""This process's umask, read without changing it.
-
-``os.umask`` can only be read by setting it: ``old = os.umask(x); os.umask(old)``.  Between
-the two calls every other thread of the process creates files under ``x`` -- a DataLoader
-worker thread or a download pool writing with mode 0 -- so sharedfs reads the ``Umask:``
-line of ``/proc/self/status`` (Linux >= 4.7) and sets-and-restores only where that line is
-missing, in the narrowest form it can.
-"""
+"""This process's umask, read without changing it (from ``/proc/self/status``: setting it races every other thread)."""
 
 from __future__ import annotations
 

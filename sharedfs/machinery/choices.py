@@ -1,19 +1,6 @@
-"""What the plugins decided, asked once and remembered.
+"""What the plugins decided, asked once and remembered, so no caller re-derives a rule.
 
-The plugins are the only place a decision is made; this module is where the
-kernel asks them and caches the answer, so no caller re-derives a rule:
-
-* :func:`filesystem` -- the ``sharedfs_classify_filesystem`` answer for the mount
-  under a path, once per mount, with what locks were *seen* to do there at run time;
-* :func:`lock_choice` -- the ``sharedfs_choose_lock`` answer for a lock file, once
-  per (directory, lock setting);
-* :func:`cache_placement` -- the ``sharedfs_cache_placement`` answer for a shim;
-* :func:`placed_cache` -- the same hook's answer for a row of the placed-cache table.
-
-A native lock that the filesystem refuses at run time (ENOSYS, ENOLCK: a
-misclassified mount, a dead lockd) is reported with :func:`native_lock_refused`;
-it becomes part of the mount's description and the plugins are asked again, so
-the fallback follows the same rules as every other choice.
+A native lock refused at run time becomes part of the mount's description, and the plugins are asked again.
 """
 
 from __future__ import annotations
@@ -25,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from sharedfs.machinery import runtime
 from sharedfs.model.caches import PlacedCache, cache_path
-from sharedfs.model.fsinfo import FsInfo, clear_mount_cache, mount_for
+from sharedfs.model.fsinfo import FsInfo
+from sharedfs.model.mounts import clear_mount_cache, mount_for
 from sharedfs.model.policy import CachePlacement, CacheRequest, LockChoice, Policy, TeamCache
 
 if TYPE_CHECKING:  # pragma: no cover

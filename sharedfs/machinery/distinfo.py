@@ -1,17 +1,6 @@
 """Installed distributions, read from their metadata directories: no importlib.metadata at start-up.
 
-A process that imports a framework sharedfs patches asks two questions once: does any
-installed distribution declare ``sharedfs`` entry points (third-party plugins), and which
-version of the framework is installed (the shim's version gate).  ``importlib.metadata``
-answers both, but importing it loads email, zipfile and csv, and ``entry_points()`` parses
-every distribution's entry points: about a third of what activating sharedfs cost
-(benchmarks/startup.py, "activation alone").  Here one pass over ``sys.path`` lists the
-``*.dist-info`` and ``*.egg-info`` directories -- their names carry the name and the version --
-and reads only the ``entry_points.txt`` files, for the group's header line.
-
-Whatever this cannot answer plainly -- a zip archive on ``sys.path``, an ``.egg-info`` without a
-version in its name, a pre-release or a version specifier beyond ``>=``/``<``-style bounds --
-it leaves to ``importlib.metadata`` and ``packaging``, which then answer as before.
+Importing importlib.metadata costs a third of activation; what this cannot answer plainly is left to it.
 """
 
 from __future__ import annotations

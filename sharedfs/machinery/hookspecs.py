@@ -1,26 +1,6 @@
-"""The whole contract between sharedfs and its plugins, in one module.
+"""The whole contract between sharedfs and its plugins, in one module (a plugin never patches; a shim never decides).
 
-Data flows one way: environment and settings -> plugins -> one immutable
-:class:`sharedfs.Policy` -> shims.  *Plugins* (``sharedfs.plugins.*``
-and third-party distributions exposing a ``sharedfs`` entry point) implement
-the deciding hooks below; *shims* (``sharedfs.shims.*``) implement
-:func:`sharedfs_register_shims` and apply the decisions inside one framework.
-A plugin never patches anything; a shim never decides.
-
-Every hook is optional.  Hooks marked *firstresult* stop at the first
-implementation that returns something other than ``None``.  Precedence is
-explicit, as in pytest: the built-in *rules* (``filesystem``'s classification,
-``locking``'s choice, ``cache``'s placement) are ``trylast``, so a site plugin's
-plain ``@hookimpl`` answers first; the exact local liveness check is
-``tryfirst``, before the scheduler is asked.  Registration order is not
-relied upon anywhere.
-
-Third-party plugins register through the ``sharedfs`` entry-point group::
-
-    [project.entry-points.sharedfs]
-    mysite = "mysite_sharedfs"
-
-The group is scanned once, lazily, on the first import of a target framework.
+Every hook is optional; precedence is explicit (``tryfirst``/``trylast``), never registration order.
 """
 
 from __future__ import annotations

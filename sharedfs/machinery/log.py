@@ -1,9 +1,4 @@
-"""Logs speak once: one line per decision, from one process per node.
-
-Every DataLoader worker and every rank runs the same code; without this a
-decision is printed hundreds of times.  ``decision`` logs at INFO, only from
-the node leader (local rank 0), and only the first time a message is seen.
-"""
+"""Logs speak once: one line per decision, from one process per node (else every rank and worker repeats it)."""
 
 from __future__ import annotations
 

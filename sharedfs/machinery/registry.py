@@ -1,12 +1,6 @@
-"""The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit).
+"""The plugin registry: a small facade over pluggy's ``PluginManager`` (the tox 4 habit), one typed method per hook.
 
-It registers the built-in plugins from a static tuple and the built-in shims from the
-bootstrap's table, then
-third-party plugins from the ``sharedfs`` entry-point group (scanned once, each
-in isolation so one broken plugin is reported, not fatal), and exposes one typed
-method per hook so nothing else touches ``pm.hook`` directly.  Plugins are
-loaded by name (``importlib``), as pluggy loads entry points: the kernel never
-imports a plugin or a shim module statically.
+Plugins and shims are loaded by name, each entry point in isolation, so one broken plugin is reported, not fatal.
 """
 
 from __future__ import annotations
@@ -34,10 +28,9 @@ log = logging.getLogger(NAME)
 #: Built-in deciding plugins.  Where the order of answers matters, the implementations say so
 #: with ``tryfirst``/``trylast`` (see hookspecs.py); registration order is not documentation.
 BUILTIN_PLUGINS = ("settings", "filesystem", "locking", "cache", "teamcache", "liveness", "slurm", "distributed")
-#: Built-in shims, one module each in ``sharedfs/shims/``, derived from the one table of shims:
-#: the bootstrap's ``TARGETS`` (shim name -> the module whose import triggers it; a shim's module
-#: is its name's first part).  Adding a shim is its module plus one row there.
-BUILTIN_SHIMS = tuple(dict.fromkeys(name.partition(".")[0] for name in _bootstrap.TARGETS))
+#: Built-in shim modules in ``sharedfs/shims/``, from the bootstrap's one table of shims (``SHIMS``; a
+#: shim's module is its name's first part).  Adding a shim is its module plus one row there.
+BUILTIN_SHIMS = tuple(dict.fromkeys(name.partition(".")[0] for name in _bootstrap.SHIMS))
 
 
 @frozen
@@ -163,7 +156,7 @@ class Registry:
         """Every name ``SHAREDFS_DISABLE`` can mean: the built-in plugins and shims (a framework's name
         and each of its shims' full names, ``mmengine.runner``), third-party plugins and their shims."""
         third_party = {shim.name for shims in self.pm.hook.sharedfs_register_shims() for shim in shims}
-        return frozenset({*BUILTIN_PLUGINS, *BUILTIN_SHIMS, *_bootstrap.TARGETS, *self.entry_point_names,
+        return frozenset({*BUILTIN_PLUGINS, *BUILTIN_SHIMS, *_bootstrap.SHIMS, *self.entry_point_names,
                           *third_party})
 
     def plugin_names(self) -> list[str]:

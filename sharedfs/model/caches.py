@@ -1,13 +1,5 @@
-"""The one table of caches sharedfs places through their own environment variables.
+"""The one table of caches sharedfs places through their own environment variables; a new cache is a new row.
 
-Compiled-kernel and JIT caches of libraries sharedfs does not patch otherwise default to the
-user's home directory -- on a cluster, NFS or GPFS -- where every rank of every node fills
-them at once.  Each row is one cache: the variable that chooses its directory, the library's
-default, whether sharing it across nodes is safe, and why.  A new cache is a new row here and
-nothing else: the ``sharedfs_cache_placement`` hook decides each row's placement (a site
-plugin can overrule it), the kernel exports the answer when sharedfs activates (inherited by
-every process the job starts: compiler workers, ninja), ``sharedfs env`` prints the same
-exports for batch scripts, and ``sharedfs status`` lists every row with its placement and why.
 A variable the user set is never touched.
 """
 

@@ -1,10 +1,4 @@
-"""Who this process is in a distributed job: rank, local rank, world size, node.
-
-The answer comes from the ``sharedfs_process_identity`` hook (plugins
-``distributed`` for torch.distributed / torchrun and ``slurm``), through
-:func:`sharedfs.machinery.runtime.identity`; a process that no plugin recognises is rank 0
-of 1 on its own node.
-"""
+"""Who this process is in a distributed job: rank, local rank, world size, node (from ``sharedfs_process_identity``)."""
 
 from __future__ import annotations
 

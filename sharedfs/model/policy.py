@@ -1,9 +1,6 @@
 """The one immutable policy every shim applies, and how it is resolved from layers.
 
-Precedence: defaults < TOML file (``SHAREDFS_CONFIG``) < environment
-(``SHAREDFS_*``) < explicit arguments (:func:`sharedfs.configure`, hook
-kwargs).  Plugins contribute the layers; :func:`resolve` merges and validates
-them and remembers where each value came from.
+Precedence: defaults < TOML file < environment < explicit arguments (``configure``, hook kwargs).
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Holder records: who holds a lock (or uses a shard, or a job directory), written where waiters can read it.
 
-A record answers one question for a process on another node, or for a process
-that starts after a crash: *is the writer still there?*  It carries the
-writer's node name, and the evidence that makes a local answer unambiguous: the
-kernel's boot id and the PID namespace (a pid means something only within the
-same boot of the same kernel and the same namespace; Slurm tasks may run in a
-namespace of their own), the pid and that process's start time (a reused pid
-is another process), plus the Slurm job and step for asking the scheduler.
-
-Records are untrusted input (any group member can write a file of that name):
-:meth:`HolderRecord.parse` accepts only a JSON object with the exact field
-types below and answers ``None`` for anything else, which callers treat as
-"cannot tell".
+Untrusted input: :meth:`HolderRecord.parse` answers ``None`` (cannot tell) for anything but the exact shape.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
-"""Dataclasses that cost nothing to define.
+"""Dataclasses that cost nothing to define: shared methods instead of six compiled per class.
 
-``dataclasses.dataclass`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__``,
-``__setattr__`` and ``__delattr__`` as source text and compiles it, after an inspection of the
-class: about 0.8 ms a frozen class on CPython 3.11, 13 ms for the twenty classes sharedfs loads
-when a framework is first imported -- a third of its activation (``benchmarks/startup.py``,
-"activation alone").  :func:`frozen` and :func:`mutable` read the annotations themselves and give
-the class shared methods that behave as the generated ones do (same arguments and errors,
-equality, hash, repr, ``FrozenInstanceError``); building an instance costs 0.3 to 1 us more (one
-generic ``__init__`` instead of a compiled one per class; 5 fields on 3.11).
-
-The classes are dataclasses to everything that asks: ``dataclasses.fields``, ``replace``,
-``asdict`` and ``is_dataclass`` work on them (plugins written against ``Mount`` and ``FsInfo``
-keep calling ``dataclasses.replace``), fields are declared as for dataclasses,
-``dataclasses.field(...)`` included, and type checkers read the decorators as dataclass
-decorators (PEP 681).  Only what sharedfs uses is supported -- no ``ClassVar``/``InitVar``,
-``kw_only`` or ``init=False`` fields, no inheritance between structs, no ordering -- and anything
-else is refused when the class is made.
-
-Annotations are read as dataclasses reads them on each Python: the class's own
-``__dict__["__annotations__"]`` up to 3.13, ``annotationlib.get_annotations(cls,
-format=Format.FORWARDREF)`` from 3.14, where a module without ``from __future__ import
-annotations`` gives its classes an ``__annotate__`` function instead (PEP 649/749), so field types
-are what ``dataclasses.fields`` of a stock dataclass would hold.  tests/unit/test_structs_annotations.py
-checks every struct of the kernel against dataclasses, and a class as 3.14 builds it.
+Only what sharedfs uses is supported; anything else is refused when the class is made.
 """
 
 from __future__ import annotations

@@ -1,56 +1,6 @@
 """Filling a remote-code module cache: each file copied in once, whole, while the other ranks wait.
 
-``trust_remote_code=True`` makes transformers (and diffusers) copy a model repository's
-``.py`` files into ``HF_MODULES_CACHE`` (``transformers_modules/<org>/<name>/<commit>/``)
-from every rank, then import them.  Stock, the copy is ``shutil.copyfile`` -- truncate,
-then write in place -- after an ``exists()`` (or ``filecmp.cmp``) check, and the import is
-guarded by a ``threading.Lock``, which excludes nothing across processes:
-
-* a rank whose ``exists()`` sees the file while another rank is still writing it imports it
-  short or empty: ``AttributeError: module 'transformers_modules....' has no attribute ...``
-  on one rank of many (TensorRT-LLM PR #17708, PR #19553), an empty module on NFS, whose
-  other clients see a file's data only once its writer closed it (transformers#22555);
-* a node whose metadata cache still says "missing" copies the file again, in place, under
-  the feet of the ranks importing it.
-
-What changes, inside ``get_cached_module_file`` only (:func:`fill_once`, and the module's
-``shutil`` through :class:`ShutilView`):
-
-* **once, while the others wait** -- the first copy of a call takes :func:`sharedfs.lock` on
-  the directory it copies into (``<dir>/.sharedfs-fill.lock``) and holds it until the
-  outermost call returns (relative imports recurse); a rank that finds a file missing waits
-  there, then looks again and copies nothing the holder published.  A thread holds at
-  most one such lock, so two ranks filling two directories never wait for each other.
-  A rank that finds every file in place (the warm path) takes no lock at all;
-* **whole** -- the file is written under a temporary name beside its final one, fsynced
-  and hard-linked to its name: the name appears with all of its content or not at all, and
-  a link onto a name another node published already fails with EEXIST even while this
-  node's metadata cache still says "missing" -- this rank then waits until it sees that
-  file (:func:`sharedfs.wait_for`) instead of writing over it.  A visible file with other
-  content (a changed local module) is replaced (``os.replace``); a filesystem without hard
-  links gets ``os.replace`` too.  So a rank never imports a file whose publication it has
-  not seen: the name it opens is always a complete file;
-* **the mode** -- the temporary file is created as ``open()`` creates one (also where the
-  framework calls ``shutil.copy``, which copies the mode bits) (0o666 through the
-  umask or the directory's default ACL), never copied from the source: a read-only
-  snapshot in the hub cache, or mode bits a Lustre mount refuses to copy
-  (NVIDIA-NeMo/Automodel PR #1840), change nothing -- except that a module file is never
-  group- or world-writable (it is code other processes import; umask 002 would make it
-  0664).  In a team cache the file is then given to the group for reading
-  (:func:`sharedfs.cluster.teamfiles.give`, a code root);
-* **the content the folder is named for** -- transformers names a local model's folder by a
-  hash of its source files, computed before this rank may have waited for the fill lock; a
-  file copied after the wait could be the next version's.  The source is read once, then the
-  folder's hash is computed again from the sources as they are now (the framework's own
-  ``_compute_local_source_files_hash``): if it changed, nothing more is published in that
-  folder and the whole ``get_cached_module_file`` runs again (:class:`SourceChanged`), so a
-  folder only ever holds the revision it is named for;
-* **checked before the import** -- when the outermost call returns (before its fill lock, if it
-  took one, is released), what the framework will import from a team's module cache is checked
-  (:mod:`sharedfs.modulecache.verify`).
-
-Outside ``get_cached_module_file`` (``custom_object_save`` copying a module into a user's
-folder) ``copyfile`` is the original.
+Stock copies in place on every rank, so a rank may import a half-written module (docs/frameworks/transformers.md).
 """
 
 from __future__ import annotations
@@ -144,7 +94,7 @@ def _nested(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 
 
 def hashing(original: Callable[..., str]) -> Callable[..., str]:
-    """transformers' ``_compute_local_source_files_hash``, remembered inside a fill: see the module doc."""
+    """transformers' ``_compute_local_source_files_hash``, remembered in a fill (docs/frameworks/transformers.md)."""
 
     @functools.wraps(original)
     def _compute_local_source_files_hash(*args: Any, **kwargs: Any) -> str:
@@ -224,7 +174,7 @@ def _published(dst: str) -> bytes | None:
 
 def publish_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], policy: Policy,
                  check: Callable[[], None] | None = None) -> None:
-    """Make ``dst`` a complete copy of ``src``, unless it is one already (see the module doc).
+    """Make ``dst`` a complete copy of ``src``, unless it is one already (docs/frameworks/transformers.md).
 
     The source is read once; ``check`` (raising to refuse) runs after that read, before anything is published.
     """

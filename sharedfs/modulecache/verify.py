@@ -1,27 +1,6 @@
 """Before a framework imports a module from a team's module cache: nobody but its writer can have changed it.
 
-A team's ``HF_MODULES_CACHE`` is shared by read permission (:mod:`sharedfs.cluster.teamfiles`,
-``code=True``): module files are never group- or world-writable, and directories, which members
-must be able to add to (diffusers keeps every member's local pipelines in one ``local/``), are
-sticky, so only an entry's owner (or the directory's) renames or removes it.  What sharedfs
-made before that rule, what a member's process without sharedfs made under umask 002, or what a
-member changed by hand would still let one member's code run in another member's process, so
-before the framework imports (at the end of its ``get_cached_module_file``) every entry the
-import will execute is checked, through descriptors and never following a symlink:
-
-* the cache root, which is on ``sys.path`` (a name added there is a top-level module): writable by
-  its owner only;
-* each directory from there down to the module: group- or world-writable only if sticky;
-* each file: the module, what it imports relatively (found with the framework's own
-  ``get_relative_imports``, read only once the file passed), each package's ``__init__.py`` on the
-  way (empty, as the frameworks make it) and, where present, the bytecode Python would load
-  instead of each (``__pycache__/*.pyc``): a regular file with one link, not writable by group or
-  others; bytecode written by someone other than its source's owner (the importer or root) is
-  refused too.
-
-An entry of this user's that fails is repaired (its write bits for others taken away, a directory
-made sticky); anyone else's fails the load with :class:`UnsafeModuleError`, one line naming the
-entry, its owner and the fix.  Outside team caches nothing is checked (the cache is the user's own).
+The user's own failing entries are repaired; anyone else's fail the load with :class:`UnsafeModuleError`.
 """
 
 from __future__ import annotations
@@ -190,7 +169,7 @@ def _check_code(dir_fd: int, dir_path: str, name: str, *, empty: bool = False) -
 
 def check_import(modules_cache: str, module_path: str, relative_imports: Callable[[str], list[str]]) -> None:
     """Check what importing ``module_path`` (relative to ``modules_cache``, as ``get_cached_module_file``
-    returns it) will execute, if ``modules_cache`` is a team's module cache (see the module doc).
+    returns it) will execute, if ``modules_cache`` is a team's module cache (docs/frameworks/transformers.md).
 
     ``relative_imports`` is the framework's ``get_relative_imports``.
     """

@@ -15,7 +15,7 @@ ROOT = KERNEL.parent
 DOC = ROOT / "docs" / "architecture.md"
 #: The first part of a name that is ours (anything else in backticks is a framework's, a variable, a value).
 OURS = {"sharedfs", "_sharedfs_bootstrap", "plugins", "shims", "tests", "docs", "scripts", "benchmarks",
-        "commands", "startup", "shardcache", "modulecache", "locks", "cluster", "machinery", "model", "fs", "testing"}
+        "commands", "startup", "shardcache", "modulecache", "locks", "cluster", "machinery", "model", "fs", "demo"}
 
 
 def text() -> str:
@@ -71,7 +71,7 @@ def unnamed(doc: str) -> list[str]:
     rows = folder_rows(doc)
     problems = []
     for folder in sorted(p for p in KERNEL.iterdir() if (p / "__init__.py").is_file()):
-        if folder.name in ("plugins", "shims", "testing"):  # beside the layers; the text after the table names them
+        if folder.name in ("plugins", "shims", "demo"):  # beside the layers; the text after the table names them
             continue
         row = rows.get(folder.name)
         if row is None:
@@ -85,7 +85,7 @@ def unnamed(doc: str) -> list[str]:
 
 def test_every_name_of_ours_the_architecture_names_exists() -> None:
     doc = text()
-    assert {"machinery/runtime.py", "_sharedfs_bootstrap.STAND_INS", "sharedfs.machinery.choices"} <= named_of_ours(doc)
+    assert {"machinery/runtime.py", "_sharedfs_bootstrap.SHIMS", "sharedfs.commands.probeworker"} <= named_of_ours(doc)
     assert missing(doc) == []
 
 
@@ -116,16 +116,17 @@ def ways_table(doc: str) -> dict[str, set[str]]:
 
 def test_the_ways_a_shim_is_applied_are_the_code_tables() -> None:
     from sharedfs.startup.activation import COMPANIONS
-    from sharedfs.startup.onimport import FOLLOWERS, PENDING
+    from sharedfs.startup.onimport import FOLLOWERS, PENDING, STAND_INS
 
     ways = ways_table(text())
     assert set(ways) == {"at once", "stand-in", "pending guard", "follower", "companion"}
-    assert ways["stand-in"] == {shim for shim, *_attrs in _sharedfs_bootstrap.STAND_INS.values()}
-    assert ways["pending guard"] == set(PENDING)
-    assert ways["follower"] == set(FOLLOWERS)
-    assert ways["companion"] == set(COMPANIONS)
-    waiting = set().union(ways["stand-in"], ways["pending guard"], ways["follower"], ways["companion"])
-    at_once = {name for name in _sharedfs_bootstrap.TARGETS if name not in waiting}
+    rows = _sharedfs_bootstrap.SHIMS
+    assert ways["stand-in"] == {name for name, row in rows.items() if row[1] == _sharedfs_bootstrap.STAND_IN}
+    assert ways["stand-in"] == {shim for shim, *_attrs in STAND_INS.values()}
+    assert ways["pending guard"] == set(PENDING) == {name for name, row in rows.items() if row[1] == "pending"}
+    assert ways["follower"] == set(FOLLOWERS) == {name for name, row in rows.items() if row[1] == "follower"}
+    assert ways["companion"] == set(COMPANIONS) == {name for name, row in rows.items() if "companion" in row[2:]}
+    at_once = {name for name, row in rows.items() if row[1] == _sharedfs_bootstrap.AT_ONCE}
 
     def covered(name: str) -> bool:
         return any(name == entry or (entry.endswith("*") and name.startswith(entry[:-1])) for entry in ways["at once"])

@@ -253,7 +253,8 @@ def test_the_private_field_mark_is_used_only_where_dataclasses_honours_it() -> N
 
 def test_a_site_plugin_replaces_fields_of_the_kernels_structs_with_dataclasses() -> None:
     """docs/architecture.md's plugin example: ``dataclasses.replace`` on the FsInfo the kernel built."""
-    from sharedfs.model.fsinfo import COHERENT, mount_for
+    from sharedfs.model.fsinfo import COHERENT
+    from sharedfs.model.mounts import mount_for
     from sharedfs.plugins.filesystem import classify
 
     info = classify(mount_for("/"))

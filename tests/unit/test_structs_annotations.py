@@ -72,7 +72,7 @@ def declared_structs(tree: ast.Module, module: str, is_package: bool = False) ->
         if isinstance(node, ast.ImportFrom):
             source = _absolute(module, is_package, node)
             for alias in node.names:
-                if source == STRUCTS and alias.name in DECORATORS:
+                if source in (STRUCTS, "sharedfs.types") and alias.name in DECORATORS:
                     names[alias.asname or alias.name] = DECORATORS[alias.name]
                 elif f"{source}.{alias.name}" == STRUCTS:
                     modules.append(alias.asname or alias.name)
@@ -161,6 +161,8 @@ def _imports_structs(tree: ast.Module, module: str, is_package: bool) -> bool:
             source = _absolute(module, is_package, node)
             if source == STRUCTS or any(f"{source}.{alias.name}" == STRUCTS for alias in node.names):
                 return True
+            if source == "sharedfs.types" and any(alias.name in DECORATORS for alias in node.names):
+                return True  # a plugin takes the decorators from its surface
     return False
 
 

@@ -1,7 +1,7 @@
 """One version range per framework: the shim's, which the demo's install hint and the demo extra repeat.
 
 The shim's ``supported`` is the source (``sharedfs status`` shows it and the version gate applies
-it); the demo's install hint (sharedfs.testing.scenarios.DISTRIBUTIONS) and pyproject.toml's
+it); the demo's install hint (sharedfs.demo.scenarios.DISTRIBUTIONS) and pyproject.toml's
 ``demo`` extra must say the same.  Before, wids read ``>=0.2,<0.3`` in ``status`` on a machine
 without wids (webdataset 0.2's range), ``wids>=0.1,<0.2`` in the demo's hint.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sharedfs.demo.scenarios import DISTRIBUTIONS
 from sharedfs.startup import activation
-from sharedfs.testing.scenarios import DISTRIBUTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
