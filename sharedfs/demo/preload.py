@@ -18,6 +18,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -48,16 +49,45 @@ class PreloadUnavailable(RuntimeError):
     """The fault library cannot be built here; ``str(exc)`` says why."""
 
 
+def _unsafe(path: Path, kind: str) -> Optional[str]:
+    """Why ``path`` may not hold a library we preload into our own processes, or None if it may.
+
+    Whoever can write the directory or the ``.so`` chooses code that runs as us; under a shared ``/tmp``
+    that can be any user of the node, who made the directory first.  So: ours (or root's), not a
+    symlink, and writable by nobody else.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    want = stat.S_ISDIR if kind == "directory" else stat.S_ISREG
+    if not want(st.st_mode):
+        return f"{path} is not a {kind} (a symlink or something else)"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to uid {st.st_uid}, not to you"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    candidate = Path(base) / "sharedfs-testing"
+    candidate = Path(base) / "sharedfs-demo"
     try:
-        candidate.mkdir(parents=True, exist_ok=True)
-        if os.access(candidate, os.W_OK):
+        candidate.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if os.access(candidate, os.W_OK) and _unsafe(candidate, "directory") is None:
             return candidate
     except OSError:
         pass
-    return Path(tempfile.gettempdir()) / f"sharedfs-testing-{os.getuid()}"
+    # A name anyone on the node can predict: made private (0700) by us, or refused.
+    fallback = Path(tempfile.gettempdir()) / f"sharedfs-demo-{os.getuid()}"
+    try:
+        fallback.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise PreloadUnavailable(f"cannot make {fallback} for the lock fault library: {exc.strerror}") from None
+    return fallback
 
 
 def build_preload(cache_dir: Optional[_PathLike] = None) -> Path:
@@ -65,24 +95,35 @@ def build_preload(cache_dir: Optional[_PathLike] = None) -> Path:
 
     The library is named after a hash of the source and flags, so edits
     rebuild it and concurrent test workers share one build (written to a
-    temporary name, then renamed into place).  Honours ``$CC``.
+    temporary name, then renamed into place).  Honours ``$CC``.  A cache
+    directory or library another user could have written is refused
+    (:class:`PreloadUnavailable`): its code would run in every process we start.
     """
     source = PRELOAD_SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     lib = cache / f"libsharedfs_fault-{digest}.so"
-    if lib.exists():
+    if cache.exists():
+        reason = _unsafe(cache, "directory")
+        if reason:
+            raise PreloadUnavailable(f"not using the lock fault library cache: {reason}; remove it or set "
+                                     "XDG_CACHE_HOME to a directory of yours")
+    if os.path.lexists(lib):
+        reason = _unsafe(lib, "file")
+        if reason:
+            raise PreloadUnavailable(f"not preloading {lib.name}: {reason}; remove it")
         return lib
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise PreloadUnavailable("no C compiler to build the lock fault library: apt-get install gcc")
-    cache.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = cache / f".{lib.name}.{os.getpid()}.tmp"
     proc = subprocess.run([cc, *_CFLAGS, "-o", str(tmp), str(PRELOAD_SOURCE), "-ldl"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise PreloadUnavailable(f"compiling {PRELOAD_SOURCE} with {cc} failed:\n{proc.stderr}")
+    os.chmod(tmp, 0o755)  # whatever the umask: writable by us alone
     os.replace(tmp, lib)
     return lib
 

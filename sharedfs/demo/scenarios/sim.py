@@ -131,7 +131,7 @@ class Sim:
         try:
             return path, preload_env([str(path)], errno_name, base=self.base_env)
         except PreloadUnavailable as exc:
-            raise ScenarioSkipped(f"the LD_PRELOAD fault library could not be built: {exc}") from None
+            raise ScenarioSkipped(f"the LD_PRELOAD fault library is unavailable: {exc}") from None
 
 
 def python_command() -> str:
