@@ -8,6 +8,7 @@ import re
 from sharedfs.fs.directory import Directory
 from sharedfs.locks.rows import DEAD, FREE, SHARD_CLAIM, SHARD_READER, UNKNOWN, Looker, Row, judge, not_a_record, read
 from sharedfs.shardcache.tree import META, SIBLING_SUFFIX
+from sharedfs.shardcache.treenames import sibling
 
 __all__ = ["PARTS", "in_coordination_tree", "shard_record_row", "sibling_name"]
 
@@ -25,7 +26,7 @@ def in_coordination_tree(directory: str) -> bool:
 
 def sibling_name(cache: str) -> str:
     """The name of the coordination tree beside the cache directory ``cache``, in its parent."""
-    return f".{os.path.basename(cache.rstrip(os.sep))}{SIBLING_SUFFIX}"
+    return sibling(os.path.basename(cache.rstrip(os.sep)) or "root")
 
 
 def shard_record_row(where: Directory, name: str, part: str, walk: Looker) -> Row | None:

@@ -39,6 +39,7 @@ from sharedfs.shardcache.treenames import (
     key,
     stripe,
 )
+from sharedfs.shardcache.treenames import sibling as sibling_basename
 
 if TYPE_CHECKING:  # pragma: no cover
     from sharedfs.model.policy import Policy, TeamCache
@@ -164,9 +165,7 @@ def _paths(absolute: str, policy: Policy | None) -> tuple[str, str, str, str | N
             link = resolved.planted
             planted = f"{absolute} is reached through the symlink {link.link}, made by {link.who()}, and {link.why()}"
         name = os.path.basename(real) or "root"
-        sibling = os.path.join(os.path.dirname(real), f".{name}{SIBLING_SUFFIX}")
-        if len(os.path.basename(sibling)) > 240:  # NAME_MAX is 255 on every filesystem we meet
-            sibling = os.path.join(os.path.dirname(real), f".{name[:160]}-{key(name)[-16:]}{SIBLING_SUFFIX}")
+        sibling = os.path.join(os.path.dirname(real), sibling_basename(name))
         known = _paths_of[absolute] = (real, sibling, os.path.join(real, META), planted)
         if made or absolute not in _cache_ids:
             _note_cache(absolute, real)

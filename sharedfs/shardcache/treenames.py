@@ -34,6 +34,16 @@ def key(name: str) -> str:
     return f"{readable}-{digest}"
 
 
+def sibling(name: str) -> str:
+    """The coordination tree's name beside a cache directory named ``name``, in their parent.
+
+    ``.<name>.sharedfs``, or, where that would pass NAME_MAX (255 on every filesystem we meet), the
+    name cut short and a hash of it: the one rule, for the tree's maker and for ``sharedfs locks``.
+    """
+    full = f".{name}{SIBLING_SUFFIX}"
+    return full if len(full) <= 240 else f".{name[:160]}-{key(name)[-16:]}{SIBLING_SUFFIX}"
+
+
 def stripe(shard_key: str) -> str:
     """The lock stripe of a shard key (the key's hash, so it can be computed from a claim's name)."""
     return f"{int(shard_key.rsplit('-', 1)[-1][:8], 16) % STRIPES:03x}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from harness.skips import skip_or_fail
 from helpers import clean_env, require
-from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_before
+from helpers.shardcache_support import User, group_of_users, scratch, sharedfs_at, sharedfs_before
 
 from sharedfs.demo.shardserver import ShardServer, make_shards
 
@@ -254,3 +254,39 @@ def test_removing_the_cache_but_not_its_hidden_sibling_costs_nothing(tmp_path: P
     # The claims still say "published"; they were published on this node, where lagging metadata
     # cannot hide a shard, so nobody waits LAG_BOUND (60 s) for shards that are gone.
     assert timings[1] < timings[0] + 10
+
+
+# -- sharedfs locks finds the tree beside the cache --------------------------------------------------
+
+#: A webdataset/wids reader of a shard, as the shard cache marks it, until told to leave.
+READER = """
+import sys
+from sharedfs.shardcache.claims import InUse
+with InUse(sys.argv[1]):
+    print("reading", flush=True)
+    sys.stdin.read()
+"""
+
+
+def _reader_rows(cache: Path, env: dict[str, str]) -> list[dict]:
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(cache / "shard-00000.tar")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=clean_env({"SHAREDFS_NODE_ID": "nodeA"}))
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+        done = subprocess.run([sys.executable, "-m", "sharedfs", "locks", "--json", str(cache)], capture_output=True,
+                              text=True, timeout=60, cwd="/", env=clean_env({"SHAREDFS_NODE_ID": "nodeA", **env}))
+        assert done.returncode in (0, 1), done.stderr
+        return [row for row in json.loads(done.stdout) if row["kind"] == "shard-reader"]
+    finally:
+        reader.communicate("", timeout=30)
+
+
+def test_the_readers_of_a_cache_with_a_long_name_are_listed(tmp_path: Path) -> None:
+    # A cache name of 245 characters: its tree's name is cut short to fit NAME_MAX.  The walk looked for
+    # the uncut name, found nothing, and listed no reader.
+    cache = tmp_path / ("c" * 245)
+    cache.mkdir()
+    before = sharedfs_at("ed5fb26", tmp_path / "before")
+    assert _reader_rows(cache, before) == []
+    found = _reader_rows(cache, {})
+    assert len(found) == 1 and found[0]["state"] == "held", found
