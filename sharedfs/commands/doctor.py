@@ -122,10 +122,15 @@ def sharedfs_off(current: Any) -> str | None:
     """Why sharedfs does nothing in this environment's programs (``SHAREDFS_DISABLE=1``), or None."""
     if "all" not in current.disable:
         return None
-    import _sharedfs_bootstrap as _bootstrap
+    from sharedfs.errors import ConfigError
+    from sharedfs.model import envvars
+    from sharedfs.model.settings import from_environ
 
-    raw = os.environ.get(_bootstrap.DISABLE)
-    where = f"SHAREDFS_DISABLE={raw}" if raw is not None and current.source("disable") == _bootstrap.DISABLE \
+    try:
+        raw = from_environ(os.environ)[0].get("disable")  # quoted as the user wrote it
+    except ConfigError:
+        raw = None
+    where = f"{envvars.DISABLE}={raw}" if raw is not None and current.source("disable") == envvars.DISABLE \
         else current.source("disable")
     return f"sharedfs is OFF here ({where}): programs use the frameworks' own locks"
 

@@ -85,7 +85,10 @@ def unknown_disabled(current: Policy) -> ConfigError | None:
     import difflib
 
     source = current.source("disable")
-    raw: Any = os.environ.get(envvars.DISABLE, "") if source == envvars.DISABLE else ",".join(current.disable)
+    # Quoted as the user wrote it (the policy holds it parsed).
+    raw: Any = ",".join(current.disable)
+    if source == envvars.DISABLE:
+        raw = from_environ(os.environ)[0].get("disable", "")
     meant = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
     hint = "; ".join(f"unknown: {name}" + (f" (did you mean {close[0]}?)" if close else "")
                      for name, close in meant.items())
