@@ -131,8 +131,12 @@ def sharedfs_before(dest: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(dest)}
 
 
-def sharedfs_at(commit: str, dest: Path) -> dict[str, str]:
-    """sharedfs as it was at ``commit`` (package, plugins, shims, autoload module), first on ``PYTHONPATH``."""
+def sharedfs_at(commit: str, dest: Path, fixes: Sequence[str] = ()) -> dict[str, str]:
+    """sharedfs as it was at ``commit`` (package, plugins, shims, autoload module), first on ``PYTHONPATH``.
+
+    ``fixes``: later commits of the kernel applied on top, for a bug the test is not about that would
+    stop the old code before it shows the one it is (``patch``; a fix that does not apply fails the test).
+    """
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         skip_or_fail("needs this repository's git history (git and .git) to run sharedfs as it was")
     dest.mkdir(parents=True)
@@ -141,6 +145,10 @@ def sharedfs_at(commit: str, dest: Path) -> dict[str, str]:
     if archive.returncode != 0:
         skip_or_fail(f"commit {commit[:7]} is not in this clone: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    for fix in fixes:
+        diff = subprocess.run(["git", "-C", str(ROOT), "show", "--format=", fix, "--", "sharedfs"], check=True,
+                              capture_output=True).stdout
+        subprocess.run(["patch", "-s", "-p1", "-d", str(dest)], input=diff, check=True)
     for part in ("plugins", "shims"):  # where a wheel installs them (sharedfs/__init__.py looks there first)
         (dest / part).rename(dest / "sharedfs" / part)
     for path in [dest, *dest.rglob("*")]:  # readable by the throwaway users too
